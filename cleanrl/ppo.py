@@ -1,0 +1,474 @@
+"""Proximal Policy Optimization (PPO) for discrete actions.
+
+Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (https://arxiv.org/abs/1707.06347),
+with the implementation details of Huang et al. 2022, "The 37 Implementation Details of PPO":
+GAE, clipped surrogate, optional value clipping, advantage normalisation, learning-rate
+annealing, entropy bonus, global gradient clipping and an optional early stop on a target KL.
+
+Action space: Discrete. Observations: a flat Box. Environments: vectorised gymnasium
+environments (classic control: CartPole-v1, Acrobot-v1, MountainCar-v0 ...).
+
+    uv run python cleanrl/ppo.py --env-id CartPole-v1
+
+Expect CartPole-v1 to reach ~500 within 500k steps and Acrobot-v1 about -85.
+
+Environments reset in the same step an episode ends (gymnasium's SAME_STEP autoreset); a
+time-limit truncation is bootstrapped with the value of the true final observation, and only
+a termination cuts the return. Classic-control simulators are pickled into checkpoints, so a
+resumed run on the CPU continues exactly as the uninterrupted one would.
+"""
+
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+
+from cleanrl_utils.checkpoint import (
+    CHECKPOINT_NAME,
+    StopSignal,
+    load_checkpoint,
+    load_model,
+    restore_envs,
+    restore_rng_state,
+    save_checkpoint,
+    save_model,
+    snapshot_envs,
+)
+from cleanrl_utils.errors import check_env_id, check_positive, fail
+from cleanrl_utils.progress import Progress
+from cleanrl_utils.run import Run
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, use a GPU when one is present (the CPU otherwise)"""
+    torch_threads: int = 1
+    """CPU threads for torch; small MLPs run fastest on one (thread hand-offs cost more than they save)"""
+    track: bool = False
+    """if toggled, mirror the run to Weights & Biases (offline when there is no network or API key)"""
+    wandb_project_name: str = "cleanRL"
+    """the W&B project name"""
+    wandb_entity: str | None = None
+    """the W&B entity (team)"""
+    capture_video: bool = False
+    """if toggled, record videos of the agent (first environment) into the run directory"""
+    save_model: bool = False
+    """if toggled, save the model at the end and evaluate the reloaded copy"""
+    checkpoint_every: int = 0
+    """write a checkpoint every this many environment steps (0: only on SIGTERM/SIGINT)"""
+    resume: str | None = None
+    """path of a checkpoint to continue from (run the original command with this flag added)"""
+    env_id: str = "CartPole-v1"
+    """the id of the environment"""
+    total_timesteps: int = 500000
+    """total timesteps of the experiment"""
+
+    # Algorithm specific arguments
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 4
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function, as per the paper"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (None: no early stop)"""
+    eval_episodes: int = 10
+    """the number of episodes to evaluate the saved model for"""
+
+    # to be filled in runtime
+    batch_size: int = 0
+    """the batch size (computed in runtime)"""
+    minibatch_size: int = 0
+    """the mini-batch size (computed in runtime)"""
+    num_iterations: int = 0
+    """the number of iterations (computed in runtime)"""
+
+
+def validate(args: Args) -> None:
+    """Check the arguments and the environment before any work; fail in one line."""
+    check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs, num_steps=args.num_steps,
+                   num_minibatches=args.num_minibatches, update_epochs=args.update_epochs,
+                   learning_rate=args.learning_rate, eval_episodes=args.eval_episodes, torch_threads=args.torch_threads)
+    if args.checkpoint_every < 0:
+        fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
+    if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        fail(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma} and {args.gae_lambda}")
+    args.batch_size = args.num_envs * args.num_steps
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
+             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.num_iterations == 0:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {args.batch_size} steps")
+    check_env_id(args.env_id)
+    probe = gym.make(args.env_id)
+    action_space, observation_space = probe.action_space, probe.observation_space
+    probe.close()
+    if not isinstance(action_space, gym.spaces.Discrete):
+        fail(f"ppo.py handles Discrete actions but {args.env_id} has {action_space}; use cleanrl/ppo_continuous_action.py")
+    if not isinstance(observation_space, gym.spaces.Box):
+        fail(f"ppo.py needs Box observations but {args.env_id} has {observation_space}")
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, video_dir: Path | None):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array", disable_env_checker=True)
+            env = gym.wrappers.RecordVideo(env, str(video_dir))
+        else:
+            env = gym.make(env_id, disable_env_checker=True)
+        if len(env.observation_space.shape) > 1:
+            env = gym.wrappers.FlattenObservation(env)
+        return env
+
+    return thunk
+
+
+def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_dir: Path | None = None):
+    # SAME_STEP: an env that ends an episode resets at once and returns the true final
+    # observation in infos["final_obs"]. copy=False skips a deepcopy; we copy obs to torch anyway.
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(env_id, i, capture_video, video_dir) for i in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        copy=False,
+    )
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim: int, n_actions: int):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, n_actions), std=0.01),
+        )
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+    def sample_action(self, obs: torch.Tensor) -> torch.Tensor:
+        # Only the action is needed while stepping; log-probabilities and values of the whole
+        # rollout are computed afterwards in one batched pass with the same parameters.
+        # Gumbel-max trick: argmax(logits + Gumbel noise) is a sample of Categorical(logits),
+        # in a few cheap elementwise ops (torch.multinomial costs ~5x more at this size).
+        logits = self.actor(obs)
+        gumbel = -torch.log(-torch.log(torch.rand_like(logits)))
+        return torch.argmax(logits + gumbel, dim=-1)
+
+    def log_prob_and_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs = torch.log_softmax(self.actor(obs), dim=-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1), entropy
+
+
+class RolloutStorage:
+    """One rollout of `num_steps` x `num_envs` transitions.
+
+    Observations and actions live on the training device, since the policy needs them each
+    step. Rewards and episode ends come from the CPU simulator and are staged in host arrays,
+    then copied to the device once per rollout rather than once per step.
+    """
+
+    def __init__(self, num_steps: int, num_envs: int, obs_dim: int, device: torch.device):
+        self.obs = torch.zeros((num_steps, num_envs, obs_dim), device=device)
+        self.actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
+        self.rewards = np.zeros((num_steps, num_envs), dtype=np.float32)
+        self.terminations = np.zeros((num_steps, num_envs), dtype=np.float32)
+        self.truncations = np.zeros((num_steps, num_envs), dtype=np.float32)
+        # The true final observation of an episode truncated at step t (zeros elsewhere).
+        self.final_obs = np.zeros((num_steps, num_envs, obs_dim), dtype=np.float32)
+        self.device = device
+
+    def to_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(array, device=self.device)
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminations: torch.Tensor,
+    truncations: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> torch.Tensor:
+    """Generalized advantage estimates for a [num_steps, num_envs] rollout.
+
+    next_values[t] is the value of the observation that followed step t: the true final
+    observation where an episode ended at t. A termination zeroes that bootstrap; a truncation
+    keeps it. Either one stops the advantage from flowing back across the episode boundary.
+    """
+    bootstrap = 1.0 - terminations
+    episode_continues = 1.0 - torch.maximum(terminations, truncations)
+    deltas = rewards + gamma * next_values * bootstrap - values
+    advantages = torch.zeros_like(rewards)
+    last_advantage = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        last_advantage = deltas[t] + gamma * gae_lambda * episode_continues[t] * last_advantage
+        advantages[t] = last_advantage
+    return advantages
+
+
+def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, seed: int = 0,
+             capture_video: bool = False, video_dir: Path | None = None) -> list[float]:
+    """Reload a model saved by this script and return the episodic returns of the policy."""
+    model = load_model(model_path, "ppo")
+    envs = make_envs(model["env_id"], 1, capture_video, video_dir)
+    agent = Agent(model["obs_dim"], model["n_actions"]).to(device)
+    agent.load_state_dict(model["agent"])
+    obs, _ = envs.reset(seed=seed)
+    episodic_returns = []
+    with torch.no_grad():
+        while len(episodic_returns) < eval_episodes:
+            actions = agent.sample_action(torch.tensor(obs, dtype=torch.float32, device=device))
+            obs, _, _, _, infos = envs.step(actions.cpu().numpy())
+            if "episode" in infos:
+                episodic_returns += infos["episode"]["r"][infos["_episode"]].tolist()
+    envs.close()
+    return episodic_returns[:eval_episodes]
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    validate(args)
+    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
+    stop = StopSignal()  # from here on, SIGTERM/SIGINT lead to a checkpoint and a clean exit
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.torch_threads)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    run = Run(
+        args,
+        run_dir=Path(args.resume).parent if checkpoint else None,
+        purge_step=checkpoint["global_step"] + 1 if checkpoint else None,
+        wandb_id=checkpoint["wandb_id"] if checkpoint else None,
+    )
+    writer = run.writer
+    envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.dir / "videos")
+    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    n_actions = int(envs.single_action_space.n)
+
+    agent = Agent(obs_dim, n_actions).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    storage = RolloutStorage(args.num_steps, args.num_envs, obs_dim, device)
+
+    global_step, start_iteration = 0, 1
+    next_obs_np, _ = envs.reset(seed=args.seed)
+    envs.action_space.seed(args.seed)
+    if checkpoint:
+        agent.load_state_dict(checkpoint["agent"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        envs = restore_envs(envs, checkpoint["envs"])
+        if checkpoint["envs"] is None:
+            print("the environments could not be saved with the checkpoint (video recording?): resuming with fresh ones")
+        else:
+            next_obs_np = checkpoint["next_obs"]
+        restore_rng_state(checkpoint["rng"])
+        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
+    next_obs = torch.tensor(next_obs_np, dtype=torch.float32, device=device).view(args.num_envs, obs_dim)
+
+    def write_checkpoint(iteration: int) -> Path:
+        path = run.dir / CHECKPOINT_NAME
+        save_checkpoint(path, args, global_step=global_step, iteration=iteration, agent=agent.state_dict(),
+                        optimizer=optimizer.state_dict(), envs=snapshot_envs(envs), next_obs=next_obs.cpu().numpy(),
+                        wandb_id=run.wandb_id)
+        return path
+
+    progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
+    next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    start_time, start_step = time.time(), global_step
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # Rollout: one host-to-device copy of the observations and one device-to-host copy of
+        # the actions per step; everything else is staged and moved once per rollout.
+        with torch.no_grad():
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                storage.obs[step] = next_obs
+                action = agent.sample_action(next_obs)
+                storage.actions[step] = action
+                next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
+                next_obs = torch.tensor(next_obs_np, dtype=torch.float32, device=device).view(args.num_envs, obs_dim)
+                storage.rewards[step] = reward
+                storage.terminations[step] = terminated
+                storage.truncations[step] = truncated
+                # Bootstrapping needs the true final observation only where the time limit cut an episode.
+                bootstrap_final = truncated & ~terminated
+                if bootstrap_final.any():
+                    storage.final_obs[step, bootstrap_final] = np.stack(infos["final_obs"][bootstrap_final]).reshape(-1, obs_dim)
+                if "episode" in infos:
+                    finished = infos["_episode"]
+                    for episodic_return, episodic_length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+                        writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+                        writer.add_scalar("charts/episodic_length", episodic_length, global_step)
+                    progress.add_returns(infos["episode"]["r"][finished])
+
+            # Values and log-probabilities of the whole rollout in batched passes.
+            rewards = storage.to_device(storage.rewards)
+            terminations = storage.to_device(storage.terminations)
+            truncations = storage.to_device(storage.truncations)
+            values = agent.get_value(torch.cat([storage.obs, next_obs.unsqueeze(0)]))
+            next_values = values[1:]
+            if storage.truncations.any():
+                final_values = agent.get_value(storage.to_device(storage.final_obs))
+                next_values = torch.where(truncations * (1 - terminations) > 0, final_values, next_values)
+                storage.final_obs.fill(0.0)
+            values = values[:-1]
+            advantages = compute_gae(rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda)
+            returns = advantages + values
+
+            b_obs = storage.obs.reshape(-1, obs_dim)
+            b_actions = storage.actions.reshape(-1)
+            b_logprobs, _ = agent.log_prob_and_entropy(b_obs, b_actions)
+            b_advantages = advantages.reshape(-1)
+            b_returns = returns.reshape(-1)
+            b_values = values.reshape(-1)
+
+        # Optimise the policy and value network
+        clipped = torch.zeros((), device=device)
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(args.batch_size, device=device)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb_inds = b_inds[start : start + args.minibatch_size]
+                newlogprob, entropy = agent.log_prob_and_entropy(b_obs[mb_inds], b_actions[mb_inds])
+                newvalue = agent.get_value(b_obs[mb_inds])
+                logratio = newlogprob - b_logprobs[mb_inds]
+                ratio = logratio.exp()
+
+                with torch.no_grad():
+                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                    old_approx_kl = (-logratio).mean()
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipped += ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+                mb_advantages = b_advantages[mb_inds]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                # Policy loss
+                pg_loss1 = -mb_advantages * ratio
+                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                # Value loss
+                if args.clip_vloss:
+                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                    v_clipped = b_values[mb_inds] + torch.clamp(newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef)
+                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+
+                entropy_loss = entropy.mean()
+                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+            # The early stop reads the KL on the host: one sync per epoch, only when asked for.
+            if args.target_kl is not None and approx_kl.item() > args.target_kl:
+                break
+
+        # Logging: one device-to-host read per iteration.
+        with torch.no_grad():
+            var_y = b_returns.var()
+            explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var() / var_y)
+            stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl,
+                                 clipped / (args.num_minibatches * (epoch + 1)), explained_var]).tolist()
+        for name, value in zip(["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"], stats):
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
+        progress.update(global_step)
+
+        for name, value in zip(["value_loss", "policy_loss", "entropy"], stats):
+            if not np.isfinite(value):
+                path = write_checkpoint(iteration)
+                fail(f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}")
+        if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
+            path = write_checkpoint(iteration)
+            if next_checkpoint is not None:
+                next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every
+            if stop:
+                print(f"\n{stop.received}: checkpoint written to {path}; continue with --resume {path}", flush=True)
+                envs.close()
+                run.close()
+                raise SystemExit(0)
+
+    progress.close(global_step)
+    envs.close()
+
+    if args.save_model:
+        model_path = run.dir / f"{args.exp_name}.cleanrl_model"
+        save_model(model_path, args, agent=agent.state_dict(), obs_dim=obs_dim, n_actions=n_actions)
+        print(f"model saved to {model_path}")
+        episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000,
+                                    capture_video=args.capture_video, video_dir=run.dir / "videos" / "eval")
+        for idx, episodic_return in enumerate(episodic_returns):
+            writer.add_scalar("eval/episodic_return", episodic_return, idx)
+        print(f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}")
+
+    run.close()

@@ -1,0 +1,158 @@
+"""Checkpoints, saved models and clean shutdown.
+
+A checkpoint holds everything a run needs to continue: the script's own state (networks,
+optimiser, counters, buffers) plus the arguments, the random number generators and, where
+the simulator can be pickled, the environments. Files are written atomically (temporary file,
+fsync, rename), so a crash mid-write never leaves a torn checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import random
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cleanrl_utils.errors import fail
+
+CHECKPOINT_FORMAT = "cleanrl-checkpoint-v1"
+MODEL_FORMAT = "cleanrl-model-v1"
+CHECKPOINT_NAME = "checkpoint.pt"
+
+# Arguments that may differ between a run and its resumption: they change how the run is
+# observed or stored, not what it computes.
+OPERATIONAL_ARGS = {"resume", "checkpoint_every", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "cuda", "torch_threads"}
+
+
+def save_atomic(obj, path: str | os.PathLike) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def rng_state() -> dict:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def restore_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def snapshot_envs(envs) -> bytes | None:
+    """Pickle a gymnasium vector env with its simulator state, or return None where it cannot
+    be pickled (a video recorder, a simulator handle). The env factories are left out: they are
+    closures, and the resumed run already has its own."""
+    base = envs.unwrapped
+    env_fns = getattr(base, "env_fns", None)
+    try:
+        if env_fns is not None:
+            base.env_fns = None
+        return pickle.dumps(envs)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
+    finally:
+        if env_fns is not None:
+            base.env_fns = env_fns
+
+
+def restore_envs(envs, snapshot: bytes | None):
+    """Replace freshly made `envs` by the snapshot taken at checkpoint time (None: keep them)."""
+    if snapshot is None:
+        return envs
+    restored = pickle.loads(snapshot)
+    if hasattr(envs.unwrapped, "env_fns"):
+        restored.unwrapped.env_fns = envs.unwrapped.env_fns
+    envs.close()
+    return restored
+
+
+def save_checkpoint(path: str | os.PathLike, args, **state) -> None:
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "exp_name": args.exp_name,
+        "env_id": args.env_id,
+        "args": dataclasses.asdict(args),
+        "rng": rng_state(),
+        **state,
+    }
+    save_atomic(payload, path)
+
+
+def _read(path: str | os.PathLike, flag: str, expected_format: str, what: str) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        fail(f"{flag} {path}: no such file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:
+        fail(f"{flag} {path}: not a readable {what} ({type(error).__name__})")
+    if not isinstance(payload, dict) or payload.get("format") != expected_format:
+        fail(f"{flag} {path}: not a cleanrl {what}")
+    return payload
+
+
+def load_checkpoint(path: str | os.PathLike, args) -> dict:
+    """Read a checkpoint for `args`, failing in one line when it belongs to another script,
+    another environment, or a run with other arguments (resume with the original command)."""
+    checkpoint = _read(path, "--resume", CHECKPOINT_FORMAT, "checkpoint")
+    if checkpoint["exp_name"] != args.exp_name:
+        fail(f"--resume {path}: checkpoint was written by {checkpoint['exp_name']}.py, not {args.exp_name}.py")
+    if checkpoint["env_id"] != args.env_id:
+        fail(f"--resume {path}: checkpoint is for {checkpoint['env_id']}; add --env-id {checkpoint['env_id']}")
+    current = dataclasses.asdict(args)
+    for key, value in checkpoint["args"].items():
+        if key not in OPERATIONAL_ARGS and current.get(key) != value:
+            flag = "--" + key.replace("_", "-")
+            fail(f"--resume {path}: {flag} is {current.get(key)!r} but the checkpointed run used {value!r}; resume with the original arguments")
+    return checkpoint
+
+
+def save_model(path: str | os.PathLike, args, **payload) -> None:
+    save_atomic({"format": MODEL_FORMAT, "exp_name": args.exp_name, "env_id": args.env_id, "args": dataclasses.asdict(args), **payload}, path)
+
+
+def load_model(path: str | os.PathLike, exp_name: str) -> dict:
+    model = _read(path, "model", MODEL_FORMAT, "saved model")
+    if model["exp_name"] != exp_name:
+        fail(f"model {path} was saved by {model['exp_name']}.py, not {exp_name}.py")
+    return model
+
+
+class StopSignal:
+    """Turns SIGTERM and SIGINT into a flag that the training loop polls, so a preempted or
+    interrupted run writes a checkpoint and exits cleanly. A second SIGINT stops at once."""
+
+    def __init__(self):
+        self.received: str | None = None
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __bool__(self) -> bool:
+        return self.received is not None

@@ -1,0 +1,36 @@
+"""Bad input ends a run with one clear line on stderr and a non-zero exit, before any work."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from typing import NoReturn
+
+EXIT_BAD_INPUT = 2
+
+
+def fail(message: str) -> NoReturn:
+    """Print `error: message` to stderr and exit with code 2 (no traceback)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+def check_positive(**values: float) -> None:
+    """Fail on the first argument that is not > 0, naming it as a command-line flag."""
+    for name, value in values.items():
+        if not value > 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+def check_env_id(env_id: str) -> None:
+    """Fail with the nearest registered ids when gymnasium does not know `env_id`."""
+    import gymnasium as gym
+
+    if env_id in gym.registry:
+        return
+    known = list(gym.registry.keys())
+    # Compare case-insensitively so "cartpole-v1" still finds "CartPole-v1".
+    lowered = {k.lower(): k for k in known}
+    near = [lowered[k] for k in difflib.get_close_matches(env_id.lower(), list(lowered), n=3, cutoff=0.5)]
+    hint = f"; did you mean {', '.join(near)}?" if near else "; see gymnasium.registry for the known ids"
+    fail(f"unknown environment id {env_id!r}{hint}")

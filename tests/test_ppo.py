@@ -1,0 +1,229 @@
+"""ppo.py: smoke run, GAE against a plain loop, bad input, checkpoints and resume, learning."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+
+import ppo
+
+TINY = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
+PPO_KEYS = [
+    "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+    "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
+    "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
+]
+
+
+def test_smoke_writes_finite_scalars_and_evaluates_saved_model(workdir):
+    result = run_script("ppo.py", *TINY, "--total-timesteps", "2048", "--save-model", "--eval-episodes", "2", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(workdir)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, PPO_KEYS + ["eval/episodic_return"])
+    assert len(scalars["eval/episodic_return"]) == 2
+    assert (run_dir / "ppo.cleanrl_model").is_file() and (run_dir / "args.json").is_file()
+    assert "2,048/2,048 steps" in result.stdout  # the progress display's final line
+
+
+def test_capture_video_writes_mp4(workdir):
+    result = run_script("ppo.py", *TINY, "--total-timesteps", "256", "--capture-video", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(workdir)
+    assert list((run_dir / "videos").glob("*.mp4")), "no video written"
+
+
+def reference_gae(rewards, values, next_values, terminations, truncations, gamma, lam):
+    """Plain per-environment Python loop over time, written from the definition."""
+    num_steps, num_envs = len(rewards), len(rewards[0])
+    advantages = [[0.0] * num_envs for _ in range(num_steps)]
+    for env in range(num_envs):
+        running = 0.0
+        for t in reversed(range(num_steps)):
+            if terminations[t][env]:
+                delta = rewards[t][env] - values[t][env]
+                running = delta
+            elif truncations[t][env]:
+                delta = rewards[t][env] + gamma * next_values[t][env] - values[t][env]
+                running = delta
+            else:
+                delta = rewards[t][env] + gamma * next_values[t][env] - values[t][env]
+                running = delta + gamma * lam * running
+            advantages[t][env] = running
+    return advantages
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gae_matches_python_loop_with_terminations_and_truncations(dtype):
+    rng = np.random.default_rng(0)
+    num_steps, num_envs = 9, 3
+    rewards = rng.normal(size=(num_steps, num_envs))
+    values = rng.normal(size=(num_steps, num_envs))
+    next_values = rng.normal(size=(num_steps, num_envs))
+    terminations = np.zeros((num_steps, num_envs))
+    truncations = np.zeros((num_steps, num_envs))
+    terminations[3, 0] = 1  # termination in the middle
+    truncations[5, 1] = 1  # truncation in the middle
+    terminations[-1, 2] = 1  # termination at the last step
+    truncations[-1, 0] = 1  # truncation at the last step
+    truncations[1, 2] = terminations[1, 2] = 1  # both at once counts as a termination
+    expected = reference_gae(rewards.tolist(), values.tolist(), next_values.tolist(),
+                             terminations.tolist(), truncations.tolist(), 0.99, 0.95)
+    t = lambda a: torch.tensor(a, dtype=dtype)  # noqa: E731
+    got = ppo.compute_gae(t(rewards), t(values), t(next_values), t(terminations), t(truncations), 0.99, 0.95)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got.numpy(), np.array(expected), rtol=1e-5, atol=1e-6)
+    # A truncation keeps its bootstrap, a termination drops it.
+    assert got[5, 1].item() == pytest.approx(rewards[5, 1] + 0.99 * next_values[5, 1] - values[5, 1], rel=1e-5)
+    assert got[3, 0].item() == pytest.approx(rewards[3, 0] - values[3, 0], rel=1e-5)
+
+
+def test_sample_action_matches_policy_distribution():
+    torch.manual_seed(0)
+    agent = ppo.Agent(4, 3)
+    with torch.no_grad():
+        agent.actor[-1].bias.copy_(torch.tensor([1.0, 0.0, -1.0]))
+        agent.actor[-1].weight.zero_()
+        obs = torch.zeros(50_000, 4)
+        counts = torch.bincount(agent.sample_action(obs), minlength=3).double() / 50_000
+        log_probs, entropy = agent.log_prob_and_entropy(obs[:3], torch.tensor([0, 1, 2]))
+    expected = torch.softmax(torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64), 0)
+    assert torch.allclose(counts, expected, atol=0.01)
+    assert torch.allclose(log_probs.double(), expected.log(), atol=1e-6)
+    assert torch.allclose(entropy.double(), -(expected * expected.log()).sum().expand(3), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--env-id", "Cartpole-v1"], ["unknown environment id", "CartPole-v1"]),
+        (["--env-id", "Pendulum-v1"], ["Discrete", "ppo_continuous_action.py"]),
+        (["--num-minibatches", "3"], ["--num-minibatches 3 does not divide"]),
+        (["--total-timesteps", "0"], ["--total-timesteps must be positive"]),
+        (["--total-timesteps", "-5"], ["--total-timesteps must be positive"]),
+        (["--num-steps", "-1"], ["--num-steps must be positive"]),
+        (["--total-timesteps", "100"], ["less than one batch"]),
+        (["--resume", "missing/checkpoint.pt"], ["--resume", "no such file"]),
+    ],
+)
+def test_bad_input_fails_in_one_line(workdir, flags, fragments):
+    assert_bad_input(run_script("ppo.py", *flags, cwd=workdir), workdir, *fragments)
+
+
+def fake_checkpoint(path: Path, exp_name: str, env_id: str = "CartPole-v1") -> None:
+    from cleanrl_utils.checkpoint import CHECKPOINT_FORMAT
+
+    args = {"exp_name": exp_name, "env_id": env_id}
+    torch.save({"format": CHECKPOINT_FORMAT, "exp_name": exp_name, "env_id": env_id, "args": args}, path)
+
+
+def test_resume_rejects_other_scripts_envs_and_arguments(workdir):
+    other = workdir / "other.pt"
+    fake_checkpoint(other, "dqn")
+    assert_bad_input(run_script("ppo.py", "--resume", str(other), cwd=workdir), workdir, "written by dqn.py, not ppo.py")
+    fake_checkpoint(other, "ppo", env_id="Acrobot-v1")
+    assert_bad_input(run_script("ppo.py", "--resume", str(other), cwd=workdir), workdir, "--env-id Acrobot-v1")
+    (workdir / "junk.pt").write_bytes(b"not a checkpoint")
+    assert_bad_input(run_script("ppo.py", "--resume", str(workdir / "junk.pt"), cwd=workdir), workdir, "not a readable checkpoint")
+    # A real checkpoint resumed with different hyperparameters.
+    ok = run_script("ppo.py", *TINY, "--total-timesteps", "256", "--checkpoint-every", "128", cwd=workdir)
+    assert ok.returncode == 0, ok.stderr
+    (run_dir,) = run_dirs(workdir)
+    mismatch = run_script("ppo.py", *TINY, "--total-timesteps", "256", "--learning-rate", "0.1",
+                          "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
+    assert mismatch.returncode != 0 and "--learning-rate" in mismatch.stderr and "Traceback" not in mismatch.stderr
+
+
+def test_track_without_network_or_key_finishes_offline(workdir):
+    env = script_env(WANDB_MODE=None, WANDB_BASE_URL="http://127.0.0.1:9", HOME=str(workdir), NETRC=str(workdir / "none"))
+    start = time.monotonic()
+    result = run_script("ppo.py", *TINY, "--total-timesteps", "256", "--track", cwd=workdir, env=env, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - start < 120
+    assert "logging offline" in result.stdout
+    (run_dir,) = run_dirs(workdir)
+    assert list((run_dir / "wandb").glob("offline-run-*")), "no offline W&B run written"
+
+
+def episodic_returns(run_dir: Path) -> list[tuple[int, float]]:
+    return read_scalars(run_dir)["charts/episodic_return"]
+
+
+def model_weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "ppo.cleanrl_model", weights_only=False)["agent"]
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+RESUME_FLAGS = [*TINY, "--total-timesteps", "6144", "--checkpoint-every", "1024", "--save-model", "--eval-episodes", "1"]
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    straight.mkdir(), interrupted.mkdir()
+    result = run_script("ppo.py", *RESUME_FLAGS, cwd=straight)
+    assert result.returncode == 0, result.stderr
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / "ppo.py"), *RESUME_FLAGS], cwd=interrupted,
+                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(interrupted.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    (run_dir,) = run_dirs(interrupted)
+    assert not (run_dir / "ppo.cleanrl_model").exists()
+
+    resumed = run_script("ppo.py", *RESUME_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=interrupted)
+    assert resumed.returncode == 0, resumed.stderr
+    assert run_dirs(interrupted) == [run_dir], "resume must continue the same run directory"
+    (straight_dir,) = run_dirs(straight)
+    assert episodic_returns(run_dir) == episodic_returns(straight_dir)
+    assert_same_weights(model_weights(run_dir), model_weights(straight_dir))
+
+
+def test_same_seed_gives_identical_curves(tmp_path):
+    curves = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        result = run_script("ppo.py", *TINY, "--total-timesteps", "2048", cwd=tmp_path / name)
+        assert result.returncode == 0, result.stderr
+        scalars = read_scalars(run_dirs(tmp_path / name)[0])
+        curves.append({k: [v for _, v in scalars[k]] for k in ("charts/episodic_return", "losses/value_loss", "losses/approx_kl")})
+    assert curves[0] == curves[1]
+
+
+def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / "ppo.py"), *TINY, "--total-timesteps", "10000000"],
+                            cwd=workdir, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first_line = proc.stdout.readline()  # the progress display: the training loop is running
+    assert "steps (" in first_line, first_line + proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    (run_dir,) = run_dirs(workdir)
+    assert (run_dir / "checkpoint.pt").is_file()
+    assert "SIGTERM: checkpoint written" in out
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert 0 < checkpoint["global_step"] < 10_000_000
+
+
+def test_learns_cartpole_clearly_better_than_random(workdir):
+    # A uniformly random policy averages ~22 on CartPole-v1.
+    result = run_script("ppo.py", "--total-timesteps", "40960", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
+    assert np.mean(returns[-20:]) > 100, returns[-20:]
