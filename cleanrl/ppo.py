@@ -391,8 +391,9 @@ if __name__ == "__main__":
             b_inds = torch.randperm(args.batch_size, device=device)
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb_inds = b_inds[start : start + args.minibatch_size]
-                newlogprob, entropy = agent.log_prob_and_entropy(b_obs[mb_inds], b_actions[mb_inds])
-                newvalue = agent.get_value(b_obs[mb_inds])
+                mb_obs = b_obs[mb_inds]
+                newlogprob, entropy = agent.log_prob_and_entropy(mb_obs, b_actions[mb_inds])
+                newvalue = agent.get_value(mb_obs)
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()
 

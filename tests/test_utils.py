@@ -1,0 +1,121 @@
+"""cleanrl_utils: atomic checkpoint files, the progress line, env-id suggestions, result tables."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+from cleanrl_utils import checkpoint, errors, progress, results
+
+
+def test_save_atomic_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save_atomic({"step": 1}, path)
+
+    def crash(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        checkpoint.save_atomic({"step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=False) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # the torn temporary file is removed
+    checkpoint.save_atomic({"step": 3}, path)
+    assert torch.load(path, weights_only=False) == {"step": 3}
+
+
+@dataclass
+class FakeArgs:
+    exp_name: str = "ppo"
+    env_id: str = "CartPole-v1"
+    seed: int = 1
+    learning_rate: float = 0.1
+    resume: str | None = None
+
+
+def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    checkpoint.save_checkpoint(tmp_path / "c.pt", FakeArgs(), global_step=5)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    loaded = checkpoint.load_checkpoint(tmp_path / "c.pt", FakeArgs())
+    checkpoint.restore_rng_state(loaded["rng"])
+    assert torch.equal(torch.rand(3), expected)
+    assert loaded["global_step"] == 5
+
+
+def test_load_checkpoint_refuses_other_arguments(tmp_path, capsys):
+    checkpoint.save_checkpoint(tmp_path / "c.pt", FakeArgs())
+    with pytest.raises(SystemExit) as exit_info:
+        checkpoint.load_checkpoint(tmp_path / "c.pt", FakeArgs(learning_rate=0.2))
+    assert exit_info.value.code == errors.EXIT_BAD_INPUT
+    assert "--learning-rate is 0.2 but the checkpointed run used 0.1" in capsys.readouterr().err
+    # Operational flags such as --resume may differ.
+    checkpoint.load_checkpoint(tmp_path / "c.pt", FakeArgs(resume="somewhere"))
+
+
+def test_load_model_refuses_another_scripts_model(tmp_path, capsys):
+    checkpoint.save_model(tmp_path / "m.cleanrl_model", FakeArgs(exp_name="dqn"), weights={})
+    with pytest.raises(SystemExit):
+        checkpoint.load_model(tmp_path / "m.cleanrl_model", "ppo")
+    assert "saved by dqn.py, not ppo.py" in capsys.readouterr().err
+
+
+def test_check_env_id_suggests_near_ids(capsys):
+    errors.check_env_id("CartPole-v1")
+    with pytest.raises(SystemExit):
+        errors.check_env_id("cartpole-v1")
+    assert "did you mean CartPole-v1" in capsys.readouterr().err
+
+
+def test_progress_line_shows_steps_sps_return_and_time_left():
+    stream = io.StringIO()
+    bar = progress.Progress(1000, label="CartPole-v1 ppo", stream=stream)
+    bar.start_time -= 2.0  # as if 2 s had passed
+    bar.add_returns([10.0, 20.0])
+    bar.update(500)
+    line = stream.getvalue()
+    assert line.startswith("CartPole-v1 ppo | 500/1,000 steps (50%) | ")
+    assert "return 15.0 (last 2)" in line and "0:02 left" in line
+    bar.update(600)  # within the print interval: nothing new
+    assert stream.getvalue() == line
+
+
+def make_run(root: Path, env_id: str, seed: int, returns: list[float], exp_name: str = "ppo") -> Path:
+    run_dir = root / f"{env_id}__{exp_name}__{seed}__0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "args.json").write_text(json.dumps({"env_id": env_id, "exp_name": exp_name, "seed": seed}))
+    writer = SummaryWriter(str(run_dir))
+    for i, value in enumerate(returns):
+        writer.add_scalar("charts/episodic_return", value, (i + 1) * 10, walltime=100.0 + i)
+    writer.close()
+    return run_dir
+
+
+def test_results_table_matches_hand_computed_numbers(tmp_path):
+    # Seed 1: 150 episodes, the last 100 are all 2.0 -> score 2.0; seed 2: 4.0.
+    a = make_run(tmp_path, "CartPole-v1", 1, [0.0] * 50 + [2.0] * 100)
+    b = make_run(tmp_path, "CartPole-v1", 2, [4.0] * 150)
+    rows = results.aggregate([results.summarize_run(a), results.summarize_run(b)])
+    assert rows == [{
+        "script": "ppo.py", "environment": "CartPole-v1", "steps": 1500, "seeds": "1 2",
+        "return": "3.00 +- 1.00", "wall time (s)": "149", "SPS": "10",
+    }]
+    results.write_tables(rows, tmp_path / "out" / "ppo", "test machine")
+    assert "| ppo.py | CartPole-v1 | 1500 | 1 2 | 3.00 +- 1.00 |" in (tmp_path / "out" / "ppo.md").read_text()
+    assert (tmp_path / "out" / "ppo.csv").read_text().splitlines()[0].startswith("script,environment")
+
+
+def test_results_rejects_a_directory_without_events(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit):
+        results.summarize_run(tmp_path / "empty")
+    assert "not a run directory" in capsys.readouterr().err
