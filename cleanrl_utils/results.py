@@ -7,6 +7,10 @@ Per environment and script: the number of seeds, the score (the mean of the last
 returns of each run, then mean +- std across runs), the training steps, the wall time of a run
 (first to last TensorBoard event) and its SPS (total steps / wall time). The machine is written
 under the table.
+
+The readers here (finding run directories below a folder, reading one scalar series, telling
+which run directories a command created) are shared by the benchmark runner, the plotting
+helper and the tuner.
 """
 
 from __future__ import annotations
@@ -39,23 +43,111 @@ class RunSummary:
         return self.steps / self.wall_time if self.wall_time > 0 else float("nan")
 
 
-def summarize_run(run_dir: Path, last_n: int = 100) -> RunSummary:
+class RunError(ValueError):
+    """A path that is not a usable run directory; the message is one line for the user."""
+
+
+EVENTS_GLOB = "events.out.tfevents.*"
+
+
+def find_run_dirs(paths: list[Path]) -> list[Path]:
+    """Run directories among `paths`: each path is a run directory (it holds TensorBoard events)
+    or a folder such as runs/ with run directories somewhere below it. Events inside a run
+    directory's own subfolders (W&B's copy under wandb/) are not runs of their own."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise RunError(f"{path}: no such directory")
+        below: list[Path] = []
+        for run_dir in sorted({events.parent for events in path.rglob(EVENTS_GLOB)}, key=lambda d: len(d.parts)):
+            if not any(outer in run_dir.parents for outer in below):
+                below.append(run_dir)
+        if not below:
+            raise RunError(f"{path}: no TensorBoard events in it or below it (not a run directory)")
+        found += [run_dir for run_dir in sorted(below) if run_dir not in found]
+    return found
+
+
+def run_info(run_dir: Path) -> dict:
+    """env_id, exp_name and seed of a run: from its args.json, else from its directory name
+    {env_id}__{exp_name}__{seed}__{unix_time}."""
+    args_file = run_dir / "args.json"
+    if args_file.is_file():
+        args = json.loads(args_file.read_text())
+        return {"env_id": args["env_id"], "exp_name": args["exp_name"], "seed": args["seed"]}
+    parts = run_dir.name.split("__")
+    if len(parts) == 4 and parts[2].lstrip("-").isdigit():
+        return {"env_id": parts[0], "exp_name": parts[1], "seed": int(parts[2])}
+    raise RunError(f"{run_dir}: not a run directory (no args.json, and the name is not env__exp__seed__time)")
+
+
+def load_events(run_dir: Path):
+    """The TensorBoard scalars of a run, with the purge of events a resumed run superseded."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    args_file = run_dir / "args.json"
-    if not args_file.is_file():
-        fail(f"{run_dir}: not a run directory (no args.json)")
-    args = json.loads(args_file.read_text())
+    if not any(run_dir.glob(EVENTS_GLOB)):
+        raise RunError(f"{run_dir}: no TensorBoard events")
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
+    return acc
+
+
+def read_scalar(run_dir: Path, tag: str, acc=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, wall times, values) of the scalar `tag` of a run; RunError naming the known tags
+    when the run has no such scalar."""
+    acc = acc if acc is not None else load_events(run_dir)
+    tags = acc.Tags()["scalars"]
+    if tag not in tags:
+        known = ", ".join(sorted(tags)) or "none"
+        raise RunError(f"{run_dir}: no scalar {tag!r} in the TensorBoard events (known: {known})")
+    events = acc.Scalars(tag)
+    return (np.array([e.step for e in events], dtype=np.int64), np.array([e.wall_time for e in events]),
+            np.array([e.value for e in events], dtype=np.float64))
+
+
+def existing_run_dirs(root: Path) -> set[Path]:
+    """The subdirectories of a runs/ folder now (snapshot it before starting commands)."""
+    return {path for path in root.iterdir() if path.is_dir()} if root.is_dir() else set()
+
+
+def new_run_dirs(root: Path, before: set[Path], env_id: str | None = None, seed: int | None = None) -> list[Path]:
+    """The run directories in `root` that are not in the snapshot `before`, optionally only those
+    of one environment and seed (read from args.json or the directory name), oldest first."""
+    found = []
+    for path in sorted(existing_run_dirs(root) - before):
+        try:
+            info = run_info(path)
+        except (RunError, ValueError, KeyError):
+            continue
+        if (env_id is None or info["env_id"] == env_id) and (seed is None or int(info["seed"]) == seed):
+            found.append(path)
+    return found
+
+
+def read_summary(run_dir: Path, last_n: int = 100) -> RunSummary:
+    """Like summarize_run, but raises RunError instead of exiting."""
+    args_file = run_dir / "args.json"
+    if not args_file.is_file():
+        raise RunError(f"{run_dir}: not a run directory (no args.json)")
+    args = json.loads(args_file.read_text())
+    acc = load_events(run_dir)
     if "charts/episodic_return" not in acc.Tags()["scalars"]:
-        fail(f"{run_dir}: no charts/episodic_return events")
+        raise RunError(f"{run_dir}: no charts/episodic_return events")
     returns = acc.Scalars("charts/episodic_return")
     every_event = [e for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)]
     wall_time = max(e.wall_time for e in every_event) - min(e.wall_time for e in every_event)
     steps = max(e.step for e in every_event)
     score = float(np.mean([e.value for e in returns[-last_n:]]))
     return RunSummary(args["env_id"], args["exp_name"], args["seed"], steps, score, wall_time)
+
+
+def summarize_run(run_dir: Path, last_n: int = 100) -> RunSummary:
+    """The summary of one run; a run directory without args.json or episodic returns stops the
+    program with one line on stderr."""
+    try:
+        return read_summary(run_dir, last_n)
+    except RunError as error:
+        fail(str(error))
 
 
 def machine_description() -> str:
@@ -86,14 +178,19 @@ def aggregate(summaries: list[RunSummary]) -> list[dict]:
     return rows
 
 
-def write_tables(rows: list[dict], output: Path, machine: str) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
+def markdown_table(rows: list[dict], machine: str) -> str:
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(row[h]) for h in header) + " |" for row in rows]
     note = ("Return: mean of the last 100 episodic returns of each run, then mean +- std across seeds. "
             "Wall time: first to last TensorBoard event of a run (after start-up). SPS: steps / wall time.")
-    output.with_suffix(".md").write_text("\n".join(lines) + f"\n\n{note}\n\nMachine: {machine}\n")
+    return "\n".join(lines) + f"\n\n{note}\n\nMachine: {machine}\n"
+
+
+def write_tables(rows: list[dict], output: Path, machine: str) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    header = list(rows[0])
+    output.with_suffix(".md").write_text(markdown_table(rows, machine))
     with open(output.with_suffix(".csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=header)
         writer.writeheader()

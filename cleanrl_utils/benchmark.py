@@ -1,0 +1,272 @@
+"""Run one script on several environments and seeds, then tabulate what those runs reached.
+
+    python -m cleanrl_utils.benchmark --env-ids CartPole-v1 Acrobot-v1 \\
+        --command "uv run python cleanrl/ppo.py --total-timesteps 500000" \\
+        --num-seeds 3 --workers 2 --output benchmark/results/ppo
+
+Every environment x seed becomes one command: the --command string (extra flags go inside it)
+followed by `--env-id ENV --seed SEED`, seeds counting from --start-seed (1). The commands run
+in the current directory, --workers at a time (default 1), each line of their output prefixed
+with its environment and seed. `--workers 0` only prints the commands.
+
+Afterwards the runs these commands created are found in runs/ (the directories that appeared
+while the benchmark ran, matched to each command by the env_id and seed in their args.json)
+and aggregated with cleanrl_utils.results into one row per script x environment: training
+steps, the seeds, the return (mean of the last 100 episodic returns of each run, then mean +-
+std across seeds), wall time and SPS. The Markdown table is printed and, with --output PATH,
+written to PATH.md and PATH.csv. A command that fails is reported with the end of its output;
+the table is made from the others and the exit code is 1.
+
+On a SLURM cluster, give a job template instead of running locally:
+
+    python -m cleanrl_utils.benchmark --env-ids CartPole-v1 Acrobot-v1 \\
+        --command "uv run python cleanrl/ppo.py" --num-seeds 3 --slurm-template ppo.sbatch.template
+
+writes slurm/<job name>.sbatch, a job array with one task per command, and submits it with
+sbatch where sbatch exists (otherwise it prints the script's path and the sbatch command). The
+template is a batch script with these placeholders:
+
+    #!/bin/bash
+    #SBATCH --job-name={{job_name}}
+    #SBATCH --array={{array}}
+    #SBATCH --output=slurm/%x-%A_%a.out
+    #SBATCH --gpus-per-task=1
+    #SBATCH --time=04:00:00
+    cd {{workdir}}
+    {{commands}}
+
+{{array}} becomes 0-(N-1) for N commands (append %K in the template to run at most K at once),
+{{commands}} the list of commands and the line that runs the array task's one, {{num_tasks}}
+is N, {{workdir}} the current directory and {{job_name}} the --job-name (by default the script's
+stem). Once the jobs have finished, the printed cleanrl_utils.results command makes the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cleanrl_utils.errors import fail
+from cleanrl_utils.results import (
+    RunError,
+    aggregate,
+    existing_run_dirs,
+    machine_description,
+    markdown_table,
+    new_run_dirs,
+    read_summary,
+    write_tables,
+)
+
+PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+REQUIRED_PLACEHOLDERS = ("array", "commands")
+
+
+@dataclass
+class Job:
+    env_id: str
+    seed: int
+    command: str
+    returncode: int | None = None
+    seconds: float = 0.0
+    run_dir: Path | None = None
+    output_tail: deque = field(default_factory=lambda: deque(maxlen=20))
+
+    @property
+    def label(self) -> str:
+        return f"{self.env_id} seed {self.seed}"
+
+
+def make_jobs(command: str, env_ids: list[str], seeds: list[int]) -> list[Job]:
+    """One job per environment x seed: the command with `--env-id ENV --seed SEED` appended."""
+    return [Job(env_id, seed, f"{command} --env-id {shlex.quote(env_id)} --seed {seed}") for env_id in env_ids for seed in seeds]
+
+
+def script_stem(command: str) -> str | None:
+    """The experiment name the command will use: its --exp-name, else the stem of its .py file."""
+    words = shlex.split(command)
+    for i, word in enumerate(words):
+        if word.startswith("--exp-name="):
+            return word.split("=", 1)[1]
+        if word == "--exp-name" and i + 1 < len(words):
+            return words[i + 1]
+    return next((Path(word).stem for word in words if word.endswith(".py")), None)
+
+
+# ---------------------------------------------------------------------------- running locally
+
+
+def run_job(job: Job, lock: threading.Lock, prefix: bool) -> Job:
+    start = time.time()
+    with lock:
+        print(f"[{job.label}] {job.command}", flush=True)
+    process = subprocess.Popen(job.command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, bufsize=1, errors="replace")
+    for line in process.stdout:
+        job.output_tail.append(line.rstrip("\n"))
+        with lock:
+            print(f"[{job.label}] {line}" if prefix else line, end="", flush=True)
+    job.returncode = process.wait()
+    job.seconds = time.time() - start
+    with lock:
+        status = "done" if job.returncode == 0 else f"FAILED with exit code {job.returncode}"
+        print(f"[{job.label}] {status} after {job.seconds:.0f} s", flush=True)
+    return job
+
+
+def run_jobs(jobs: list[Job], workers: int, runs_root: Path) -> None:
+    """Run the jobs, `workers` at a time, and attach to each the run directory it created."""
+    before = existing_run_dirs(runs_root)
+    lock = threading.Lock()
+    starts: dict[int, float] = {}
+
+    def run(index: int) -> Job:
+        starts[index] = time.time()
+        return run_job(jobs[index], lock, prefix=workers > 1)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(run, range(len(jobs))))
+    for index, job in enumerate(jobs):
+        candidates = new_run_dirs(runs_root, before, job.env_id, job.seed)
+        # Run names end in the unix time they were made: keep those made while this job ran.
+        start, end = int(starts[index]) - 1, int(starts[index] + job.seconds) + 1
+        timed = [d for d in candidates if d.name.rsplit("__", 1)[-1].isdigit() and start <= int(d.name.rsplit("__", 1)[-1]) <= end]
+        candidates = timed or candidates
+        if len(candidates) > 1:
+            print(f"warning: {job.label}: several new run directories ({', '.join(d.name for d in candidates)}); using the last", file=sys.stderr)
+        job.run_dir = candidates[-1] if candidates else None
+
+
+def tabulate(jobs: list[Job], output: Path | None) -> bool:
+    """Aggregate the jobs' runs into the results table; False when some run could not be used."""
+    summaries, complete = [], True
+    for job in jobs:
+        if job.run_dir is None:
+            if job.returncode == 0:
+                print(f"warning: {job.label}: the command made no run directory in runs/", file=sys.stderr)
+            complete = False
+            continue
+        try:
+            summaries.append(read_summary(job.run_dir))
+        except RunError as error:
+            print(f"warning: {error}; left out of the table", file=sys.stderr)
+            complete = False
+    if not summaries:
+        print("no finished runs to tabulate", file=sys.stderr)
+        return False
+    rows = aggregate(summaries)
+    table = markdown_table(rows, machine_description())
+    print(f"\n{len(summaries)} runs, {len(rows)} rows (one per script x environment):\n")
+    print(table)
+    if output is not None:
+        write_tables(rows, output, machine_description())
+        print(f"written to {output.with_suffix('.md')} and {output.with_suffix('.csv')}")
+    return complete
+
+
+# ---------------------------------------------------------------------------- SLURM
+
+
+def render_slurm(template: str, commands: list[str], job_name: str, workdir: Path) -> str:
+    """Fill a job-array template: one array task per command (see the module docstring)."""
+    lines = ["commands=("] + [f"    {shlex.quote(command)}" for command in commands] + [")"]
+    lines.append('eval "${commands[$SLURM_ARRAY_TASK_ID]}"')
+    values = {
+        "array": f"0-{len(commands) - 1}",
+        "commands": "\n".join(lines),
+        "num_tasks": str(len(commands)),
+        "job_name": job_name,
+        "workdir": shlex.quote(str(workdir)),
+    }
+    used = set(PLACEHOLDER.findall(template))
+    unknown = sorted(used - set(values))
+    if unknown:
+        fail(f"--slurm-template: unknown placeholder {{{{{unknown[0]}}}}}; known: "
+             + ", ".join(f"{{{{{name}}}}}" for name in values))
+    missing = [name for name in REQUIRED_PLACEHOLDERS if name not in used]
+    if missing:
+        fail(f"--slurm-template: the template needs a {{{{{missing[0]}}}}} placeholder (see python -m cleanrl_utils.benchmark --help)")
+    return PLACEHOLDER.sub(lambda match: values[match.group(1)], template)
+
+
+def submit_slurm(args, jobs: list[Job]) -> None:
+    template_path: Path = args.slurm_template
+    if not template_path.is_file():
+        fail(f"--slurm-template {template_path}: no such file")
+    job_name = args.job_name or script_stem(args.command) or "cleanrl"
+    script = render_slurm(template_path.read_text(), [job.command for job in jobs], job_name, Path.cwd())
+    path: Path = args.slurm_script or Path("slurm") / f"{job_name}.sbatch"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
+    print(f"wrote {path}: a job array of {len(jobs)} tasks")
+    if shutil.which("sbatch"):
+        submitted = subprocess.run(["sbatch", str(path)], capture_output=True, text=True)
+        print((submitted.stdout + submitted.stderr).strip())
+        if submitted.returncode != 0:
+            raise SystemExit(1)
+    else:
+        print(f"sbatch is not on this machine; submit it on the cluster with: sbatch {path}")
+    pattern = " ".join(f"{args.runs_dir}/{env_id.replace('/', '-')}__{script_stem(args.command) or '*'}__*" for env_id in args.env_ids)
+    output = args.output or "benchmark/results/" + (script_stem(args.command) or "results")
+    print(f"when the jobs have finished, make the table with: python -m cleanrl_utils.results {pattern} --output {output}")
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m cleanrl_utils.benchmark", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env-ids", nargs="+", required=True, help="environment ids to run the command on")
+    parser.add_argument("--command", required=True, help='the command to run, e.g. "uv run python cleanrl/ppo.py --total-timesteps 500000"')
+    parser.add_argument("--num-seeds", type=int, default=3, help="seeds per environment (default 3)")
+    parser.add_argument("--start-seed", type=int, default=1, help="the first seed (default 1)")
+    parser.add_argument("--workers", type=int, default=1, help="commands run at once (default 1); 0 only prints the commands")
+    parser.add_argument("--output", type=Path, default=None, help="write the results table to OUTPUT.md and OUTPUT.csv")
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where the commands write their run directories (default runs)")
+    parser.add_argument("--slurm-template", type=Path, default=None, help="write and submit a SLURM job array from this template instead of running locally")
+    parser.add_argument("--slurm-script", type=Path, default=None, help="where to write the job script (default slurm/JOB_NAME.sbatch)")
+    parser.add_argument("--job-name", default=None, help="the SLURM job name (default: the script's stem)")
+    args = parser.parse_args(argv)
+
+    if args.num_seeds <= 0:
+        fail(f"--num-seeds must be positive, got {args.num_seeds}")
+    if args.workers < 0:
+        fail(f"--workers must be 0 (print the commands) or positive, got {args.workers}")
+    try:
+        if not shlex.split(args.command):
+            fail("--command is empty")
+    except ValueError as error:
+        fail(f"--command {args.command!r} cannot be parsed: {error}")
+    seeds = list(range(args.start_seed, args.start_seed + args.num_seeds))
+    jobs = make_jobs(args.command, args.env_ids, seeds)
+
+    if args.slurm_template is not None:
+        submit_slurm(args, jobs)
+        return
+    if args.workers == 0:
+        for job in jobs:
+            print(job.command)
+        return
+    run_jobs(jobs, args.workers, args.runs_dir)
+    failed = [job for job in jobs if job.returncode != 0]
+    for job in failed:
+        tail = "\n    ".join(job.output_tail)
+        print(f"FAILED ({job.label}, exit code {job.returncode}): {job.command}\n    {tail}", file=sys.stderr)
+    complete = tabulate(jobs, args.output)
+    if failed or not complete:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,127 @@
+"""Reload a saved model and evaluate its policy.
+
+    python -m cleanrl_utils.evaluate runs/CartPole-v1__ppo__1__1700000000 --episodes 10
+    python -m cleanrl_utils.evaluate runs/CartPole-v1__ppo__1__1700000000/ppo.cleanrl_model \\
+        --episodes 3 --capture-video --video-dir videos/ppo-cartpole --seed 7
+
+Works for the model of any script that saves one (train with --save-model): the argument is a
+run directory holding one *.cleanrl_model file, or the file itself. The file says which script
+wrote it (exp_name); that script, cleanrl/<exp_name>.py in this repository, is imported and its
+own `evaluate(model_path, eval_episodes, device, seed, capture_video, video_dir)` plays the
+episodes, so networks and observation-normalisation statistics are restored exactly as the
+script saved them. Prints the episodic returns and their mean and std (ddof 0).
+
+--capture-video records episodes (gymnasium's RecordVideo schedule: episodes 0, 1, 8, 27 ...)
+as mp4 into --video-dir, by default <run dir>/videos/evaluate/. --seed (default 0) seeds the
+evaluation environment. --no-cuda keeps the evaluation on the CPU.
+
+A path without a model, a file that is not a cleanrl saved model (a checkpoint, anything
+else) or a model whose script is not in cleanrl/ stops with one line naming the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+from cleanrl_utils.errors import fail
+
+MODEL_SUFFIX = ".cleanrl_model"
+SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "cleanrl"
+
+
+def find_model(path: Path) -> Path:
+    """The model file at `path`: the file itself, or the one *.cleanrl_model in a run directory."""
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        fail(f"{path}: no such file or directory")
+    models = sorted(path.glob(f"*{MODEL_SUFFIX}"))
+    if not models:
+        fail(f"{path}: no *{MODEL_SUFFIX} file in this directory (train with --save-model to write one)")
+    if len(models) > 1:
+        fail(f"{path}: several models ({', '.join(m.name for m in models)}); pass the file to evaluate")
+    return models[0]
+
+
+def read_model(path: Path) -> dict:
+    """The saved model's contents; fails in one line for anything that is not a cleanrl model."""
+    import torch
+
+    from cleanrl_utils.checkpoint import CHECKPOINT_FORMAT, MODEL_FORMAT
+
+    try:
+        model = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:
+        fail(f"{path}: not a cleanrl saved model (cannot be read: {type(error).__name__})")
+    kind = model.get("format") if isinstance(model, dict) else None
+    if kind == CHECKPOINT_FORMAT:
+        fail(f"{path}: a training checkpoint, not a saved model; continue training with --resume, "
+             f"or evaluate the {MODEL_SUFFIX} file written with --save-model")
+    if kind != MODEL_FORMAT or not isinstance(model.get("exp_name"), str):
+        fail(f"{path}: not a cleanrl saved model (no {MODEL_FORMAT!r} format marker)")
+    return model
+
+
+def load_script(exp_name: str, scripts_dir: Path = SCRIPTS_DIR):
+    """Import cleanrl/<exp_name>.py as a module (its training loop is guarded by __main__)."""
+    script = scripts_dir / f"{exp_name}.py"
+    if not script.is_file():
+        fail(f"the model was saved by {exp_name}.py, but there is no {script}")
+    spec = importlib.util.spec_from_file_location(f"cleanrl_script_{exp_name}", script)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        fail(f"cannot import {script}: {type(error).__name__}: {error}")
+    if not callable(getattr(module, "evaluate", None)):
+        fail(f"{script} has no evaluate() function, so its models cannot be evaluated here")
+    return module
+
+
+def evaluate_model(path: Path, episodes: int = 10, seed: int = 0, capture_video: bool = False,
+                   video_dir: Path | None = None, cuda: bool = True) -> tuple[dict, list[float]]:
+    """(model contents, episodic returns) for a model file or run directory."""
+    import torch
+
+    model_path = find_model(Path(path))
+    model = read_model(model_path)
+    module = load_script(model["exp_name"])
+    device = torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
+    if capture_video and video_dir is None:
+        video_dir = model_path.parent / "videos" / "evaluate"
+    returns = module.evaluate(model_path, episodes, device, seed=seed, capture_video=capture_video,
+                              video_dir=Path(video_dir) if video_dir is not None else None)
+    return model, [float(r) for r in returns]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m cleanrl_utils.evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", type=Path, help=f"a run directory with a *{MODEL_SUFFIX} file, or the file")
+    parser.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the evaluation environment (default 0)")
+    parser.add_argument("--capture-video", action="store_true", help="record mp4 videos of the episodes")
+    parser.add_argument("--video-dir", type=Path, default=None, help="where the videos go (default <run dir>/videos/evaluate)")
+    parser.add_argument("--cuda", action=argparse.BooleanOptionalAction, default=True, help="use a GPU when present (default)")
+    args = parser.parse_args(argv)
+    if args.episodes <= 0:
+        fail(f"--episodes must be positive, got {args.episodes}")
+
+    import numpy as np
+
+    video_dir = args.video_dir
+    if args.capture_video and video_dir is None:
+        video_dir = find_model(args.path).parent / "videos" / "evaluate"
+    model, returns = evaluate_model(args.path, args.episodes, args.seed, args.capture_video, video_dir, args.cuda)
+    print(f"{model['exp_name']}.py on {model['env_id']}: episodic returns {', '.join(f'{r:.1f}' for r in returns)}")
+    print(f"mean {np.mean(returns):.2f} +- std {np.std(returns):.2f} over {len(returns)} episodes")
+    if args.capture_video:
+        videos = sorted(Path(video_dir).glob("*.mp4"))
+        print(f"{len(videos)} video(s) in {video_dir}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
