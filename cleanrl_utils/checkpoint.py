@@ -65,28 +65,65 @@ def restore_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def snapshot_envs(envs) -> bytes | None:
-    """Pickle a gymnasium vector env with its simulator state, or return None where it cannot
-    be pickled (a video recorder, a simulator handle). The env factories are left out: they are
-    closures, and the resumed run already has its own."""
+def _sub_envs(envs) -> list:
+    return list(getattr(envs.unwrapped, "envs", []))
+
+
+def _mujoco_state(env):
+    """The integration state and random generator of a gymnasium MuJoCo env, else None.
+
+    gymnasium's MuJoCo envs pickle as their constructor arguments (a fresh simulator at time
+    0), so their physics is saved with mj_getState and put back with mj_setState."""
+    base = env.unwrapped
+    model, data = getattr(base, "model", None), getattr(base, "data", None)
+    if model is None or data is None or not type(model).__module__.startswith("mujoco"):
+        return None
+    import mujoco
+
+    spec = mujoco.mjtState.mjSTATE_INTEGRATION
+    state = np.empty(mujoco.mj_stateSize(model, spec), dtype=np.float64)
+    mujoco.mj_getState(model, data, state, spec)
+    return state, base.np_random.bit_generator.state
+
+
+def _set_mujoco_state(env, saved) -> None:
+    import mujoco
+
+    base = env.unwrapped
+    state, rng_state = saved
+    mujoco.mj_setState(base.model, base.data, state, mujoco.mjtState.mjSTATE_INTEGRATION)
+    mujoco.mj_forward(base.model, base.data)
+    base.np_random.bit_generator.state = rng_state
+
+
+def snapshot_envs(envs) -> dict | None:
+    """Capture a gymnasium vector env with its simulator state, or return None where it cannot
+    be captured (a video recorder, a simulator handle that does not pickle).
+
+    Wrappers (time limits, episode statistics, autoreset flags) and classic-control simulators
+    are pickled whole; MuJoCo simulators are saved with mj_getState. The env factories are left
+    out: they are closures, and the resumed run already has its own."""
     base = envs.unwrapped
     env_fns = getattr(base, "env_fns", None)
     try:
         if env_fns is not None:
             base.env_fns = None
-        return pickle.dumps(envs)
-    except (pickle.PicklingError, TypeError, AttributeError):
+        return {"pickle": pickle.dumps(envs), "mujoco": [_mujoco_state(env) for env in _sub_envs(envs)]}
+    except (pickle.PicklingError, TypeError, AttributeError, ValueError):
         return None
     finally:
         if env_fns is not None:
             base.env_fns = env_fns
 
 
-def restore_envs(envs, snapshot: bytes | None):
+def restore_envs(envs, snapshot: dict | None):
     """Replace freshly made `envs` by the snapshot taken at checkpoint time (None: keep them)."""
     if snapshot is None:
         return envs
-    restored = pickle.loads(snapshot)
+    restored = pickle.loads(snapshot["pickle"])
+    for env, saved in zip(_sub_envs(restored), snapshot["mujoco"]):
+        if saved is not None:
+            _set_mujoco_state(env, saved)
     if hasattr(envs.unwrapped, "env_fns"):
         restored.unwrapped.env_fns = envs.unwrapped.env_fns
     envs.close()
