@@ -325,6 +325,7 @@ if __name__ == "__main__":
     next_obs = torch.tensor(next_obs_np, dtype=torch.float32, device=device).view(args.num_envs, obs_dim)
 
     def write_checkpoint(iteration: int) -> Path:
+        writer.flush()  # events before the checkpoint must be on disk: a resumed run purges the later ones
         path = run.dir / CHECKPOINT_NAME
         save_checkpoint(path, args, global_step=global_step, iteration=iteration, agent=agent.state_dict(),
                         optimizer=optimizer.state_dict(), envs=snapshot_envs(envs), next_obs=next_obs.cpu().numpy(),
