@@ -2,13 +2,13 @@
 # Speed of whole runs, start-up included, on a quiet machine (nothing else running).
 # For each command: process wall time and peak memory (GNU time), the SPS the script logs
 # (charts/SPS: steps / seconds since the training loop's set-up), and steps / process wall time.
-# Usage: bash benchmark/speed.sh [label]   -> appends rows to benchmark/results/speed.md
+# Usage: bash benchmark/speed.sh [label]   -> appends rows to benchmark/results/speed_log.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 uv sync --all-extras --quiet
 label=${1:-}
-out=benchmark/results/speed.md
+out=benchmark/results/speed_log.md  # raw rows; benchmark/results/speed.md is the curated table
 [ -f "$out" ] || printf '| command | steps | wall time (s) | SPS, whole process | SPS, logged by the script | peak memory (MB) | note |\n|---|---|---|---|---|---|---|\n' > "$out"
 
 measure() {
