@@ -1,0 +1,420 @@
+"""sac_continuous_action.py: smoke runs (classic control, MuJoCo, dm_control), the squashed
+Gaussian and the soft Q target against their definitions, the twin critics against two plain
+MLPs, the replay buffer, bad input, checkpoints and exact resume, learning."""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+
+import sac_continuous_action as sac
+
+SCRIPT = "sac_continuous_action.py"
+SMALL = ["--batch-size", "32", "--buffer-size", "1000"]
+TINY = [*SMALL, "--learning-starts", "200"]
+LOSS_KEYS = ["losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss", "losses/qf_loss",
+             "losses/actor_loss", "losses/alpha", "losses/alpha_loss"]
+SAC_KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", *LOSS_KEYS]
+
+
+# --- smoke runs ----------------------------------------------------------------------------------
+
+
+def test_smoke_pendulum_two_envs_with_video_and_saved_model(workdir):
+    result = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--learning-starts", "100", "--num-envs", "2",
+                        "--total-timesteps", "400", "--capture-video", "--save-model", "--eval-episodes", "1", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(workdir)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, SAC_KEYS + ["eval/episodic_return"])
+    assert len(scalars["charts/episodic_return"]) == 2  # one 200-step episode in each environment
+    assert len(scalars["eval/episodic_return"]) == 1
+    assert (run_dir / "sac_continuous_action.cleanrl_model").is_file() and (run_dir / "args.json").is_file()
+    assert list((run_dir / "videos").glob("*.mp4")), "no video written"
+    assert "400/400 steps" in result.stdout  # the progress display's final line
+
+
+def test_smoke_dm_control_flattens_dict_observations(workdir):
+    result = run_script(SCRIPT, "--env-id", "dm_control/cheetah-run-v0", *SMALL, "--learning-starts", "100",
+                        "--total-timesteps", "300", "--save-model", "--eval-episodes", "1", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(workdir)
+    scalars = read_scalars(run_dir)
+    # dm_control episodes last 1000 steps: none ends in training, so no episodic return is logged there.
+    assert_finite_keys(scalars, ["charts/SPS", *LOSS_KEYS, "eval/episodic_return"])
+    model = torch.load(run_dir / "sac_continuous_action.cleanrl_model", weights_only=False)
+    assert (model["obs_dim"], model["act_dim"]) == (8 + 9, 6)  # position (8) and velocity (9), flattened
+
+
+# --- the maths -----------------------------------------------------------------------------------
+
+LOW = np.array([-1.0, 0.0, 2.0])
+HIGH = np.array([3.0, 0.5, 10.0])  # asymmetric bounds of different widths
+
+
+def normal_log_density(u: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    return (-0.5 * ((u - mean) / std) ** 2 - torch.log(std) - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+def squash_numpy(u: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """a = tanh(u) mapped onto [low, high], written from the definition."""
+    return low + (np.tanh(u) + 1.0) / 2.0 * (high - low)
+
+
+def test_squashed_log_prob_matches_finite_difference_change_of_variables():
+    rng = np.random.default_rng(0)
+    scale, _ = sac.action_scale_and_bias(LOW, HIGH)
+    for _ in range(20):
+        mean, log_std = rng.normal(size=3), rng.uniform(-2, 1, size=3)
+        u = mean + np.exp(log_std) * rng.normal(size=3)
+        # log p(a) = log N(u) - log |det da/du|, with the Jacobian from central differences.
+        h = 1e-6
+        jacobian = np.stack([(squash_numpy(u + h * e, LOW, HIGH) - squash_numpy(u - h * e, LOW, HIGH)) / (2 * h)
+                             for e in np.eye(3)], axis=1)
+        t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+        reference = normal_log_density(t(u), t(mean), t(np.exp(log_std))) - np.linalg.slogdet(jacobian)[1]
+        noise = (u - mean) / np.exp(log_std)
+        got = sac.squashed_gaussian_log_prob(t(u), t(noise), t(log_std), scale.double())
+        assert got.dtype == torch.float64
+        assert got.item() == pytest.approx(reference.item(), rel=1e-7, abs=1e-7)
+
+
+def test_squashed_density_integrates_to_one_over_asymmetric_bounds():
+    low, high = np.array([-1.0]), np.array([3.0])
+    scale, bias = (t.double() for t in sac.action_scale_and_bias(low, high))
+    mean, log_std = torch.tensor([0.4], dtype=torch.float64), torch.tensor([-0.3], dtype=torch.float64)
+    a = torch.linspace(-1.0, 3.0, 400_001, dtype=torch.float64)[1:-1].unsqueeze(-1)
+    u = torch.atanh(sac.from_env_action(a, scale, bias))
+    density = sac.squashed_gaussian_log_prob(u, (u - mean) / log_std.exp(), log_std, scale).exp()
+    assert np.trapezoid(density.numpy(), a[:, 0].numpy()) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_squashed_log_prob_is_exact_where_tanh_saturates():
+    u = torch.tensor([[-30.0], [-12.0], [0.0], [12.0], [30.0]])  # tanh(u) rounds to +-1 in float32 at |u| >= 9
+    log_std = torch.zeros_like(u)
+    got = sac.squashed_gaussian_log_prob(u, u, log_std, torch.ones(1))
+    # log(1 - tanh(u)^2) = -2 log cosh(u) = -2 (|u| + log(1 + exp(-2|u|)) - log 2)
+    log_det = -2.0 * (u.abs() + torch.log1p(torch.exp(-2.0 * u.abs())) - math.log(2.0))
+    expected = (-0.5 * u**2 - 0.5 * math.log(2 * math.pi) - log_det).squeeze(-1)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got, expected, rtol=1e-6)
+
+
+def test_actor_sample_returns_the_log_density_of_its_action():
+    torch.manual_seed(0)
+    actor = sac.Actor(5, LOW, HIGH).double()
+    obs = torch.randn(64, 5, dtype=torch.float64)
+    actions, log_prob = actor.sample(obs)
+    low, high = torch.tensor(LOW), torch.tensor(HIGH)
+    assert ((actions > low) & (actions < high)).all()
+    mean, log_std = actor(obs)
+    assert (log_std >= sac.LOG_STD_MIN).all() and (log_std <= sac.LOG_STD_MAX).all()
+    u = torch.atanh(sac.from_env_action(actions, actor.action_scale, actor.action_bias))
+    # Change of variables, the textbook way: log N(u) - sum log(scale * (1 - tanh(u)^2)).
+    reference = normal_log_density(u, mean, log_std.exp()) - torch.log(actor.action_scale * (1 - torch.tanh(u) ** 2)).sum(-1)
+    assert torch.allclose(log_prob, reference, rtol=1e-6, atol=1e-6)
+    mean_actions = actor.mean_action(obs)
+    assert torch.allclose(mean_actions, sac.to_env_action(torch.tanh(mean), actor.action_scale, actor.action_bias))
+
+
+def test_action_scaling_round_trips_asymmetric_bounds():
+    low, high = np.array([-1.0, 0.0, 2.0, -10.0], dtype=np.float32), np.array([3.0, 0.5, 10.0, -4.0], dtype=np.float32)
+    scale, bias = sac.action_scale_and_bias(low, high)
+    assert scale.dtype == bias.dtype == torch.float32
+    ones = torch.ones(4)
+    assert torch.equal(sac.to_env_action(-ones, scale, bias), torch.from_numpy(low))
+    assert torch.equal(sac.to_env_action(ones, scale, bias), torch.from_numpy(high))
+    assert torch.allclose(sac.to_env_action(0 * ones, scale, bias), torch.from_numpy((low + high) / 2))
+    squashed = torch.rand(1000, 4) * 2 - 1
+    actions = sac.to_env_action(squashed, scale, bias)
+    assert ((actions >= torch.from_numpy(low)) & (actions <= torch.from_numpy(high))).all()
+    assert torch.allclose(sac.from_env_action(actions, scale, bias), squashed, atol=1e-6)
+    assert torch.allclose(sac.from_env_action(torch.from_numpy(low), scale, bias), -ones)
+
+
+def test_random_actions_are_uniform_within_asymmetric_bounds():
+    low, high = np.array([-1.0, 0.0, 2.0], dtype=np.float32), np.array([3.0, 0.5, 10.0], dtype=np.float32)
+    scale, bias = sac.action_scale_and_bias(low, high)
+    torch.manual_seed(0)
+    actions = sac.random_actions(50_000, scale, bias)
+    torch.manual_seed(0)
+    assert torch.equal(sac.random_actions(50_000, scale, bias), actions)  # torch's RNG: reproducible
+    width = torch.from_numpy(high - low)
+    assert actions.shape == (50_000, 3)
+    assert ((actions >= torch.from_numpy(low)) & (actions <= torch.from_numpy(high))).all()
+    assert torch.allclose(actions.mean(0), torch.from_numpy((low + high) / 2), atol=0.01 * width.max().item())
+    assert torch.allclose(actions.std(0), width / math.sqrt(12), rtol=0.02)  # the std of a uniform distribution
+    assert torch.allclose(actions.amin(0), torch.from_numpy(low), atol=1e-3 * width.max().item())
+    assert torch.allclose(actions.amax(0), torch.from_numpy(high), atol=1e-3 * width.max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_soft_q_target_cuts_the_bootstrap_only_at_terminations(dtype):
+    gamma, alpha = 0.9, 0.5
+    rewards = [1.0, 0.5, -1.0, 2.0]
+    next_q_min = [3.0, 4.0, 5.0, -6.0]
+    next_log_prob = [0.2, -1.0, 0.0, 3.0]
+    # 0: terminated; 1: truncated by a time limit (stored as not terminated); 2: mid-episode;
+    # 3: terminated with a negative soft value (must not leak into the target either).
+    terminations = [1.0, 0.0, 0.0, 1.0]
+    expected = [r if done else r + gamma * (q - alpha * lp)
+                for r, q, lp, done in zip(rewards, next_q_min, next_log_prob, terminations)]
+    t = lambda a: torch.tensor(a, dtype=dtype)  # noqa: E731
+    got = sac.soft_q_target(t(rewards), t(terminations), t(next_q_min), t(next_log_prob), t(alpha), gamma)
+    assert got.dtype == dtype
+    assert got.tolist() == pytest.approx(expected)
+    assert got[1].item() == pytest.approx(0.5 + 0.9 * (4.0 + 0.5))
+
+
+def test_twin_critics_match_two_plain_mlps_and_frozen_leaves_weights_alone():
+    torch.manual_seed(0)
+    qf = sac.TwinQNetwork(5, 2)
+    obs = torch.randn(16, 5)
+    actions = torch.randn(16, 2, requires_grad=True)
+    q = qf(obs, actions)
+    assert q.shape == (2, 16)
+    for i in range(2):
+        x = torch.cat([obs, actions], dim=-1)
+        for layer, (w, b) in enumerate(zip(qf.weights, qf.biases)):
+            x = F.linear(x, w[i], b[i, :, 0])
+            x = F.relu(x) if layer < 2 else x
+        assert torch.allclose(q[i], x[:, 0], atol=1e-5)
+    assert not torch.allclose(q[0], q[1])  # independently initialised
+    (grad_actions,) = torch.autograd.grad(q.sum(), actions)
+    frozen = qf(obs, actions, frozen=True)
+    assert torch.equal(frozen, q.detach())
+    frozen.sum().backward()
+    assert all(p.grad is None for p in qf.parameters())
+    assert torch.allclose(actions.grad, grad_actions)
+
+
+# --- the replay buffer ---------------------------------------------------------------------------
+
+
+def test_buffer_stores_the_true_final_observation_and_only_terminations():
+    gym.register("PendulumFiveSteps-v1", entry_point="gymnasium.envs.classic_control.pendulum:PendulumEnv",
+                 max_episode_steps=5)
+    envs = sac.make_envs("PendulumFiveSteps-v1", 2)
+    rb = sac.ReplayBuffer(100, 2, 3, 1, torch.device("cpu"))
+    obs, _ = envs.reset(seed=3)
+    obs = obs.astype(np.float32)
+    returned, actions_taken = [], []
+    for step in range(7):
+        actions = np.array([[0.5 * step - 1.0], [1.5]], dtype=np.float32)
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        rb.add(obs, next_obs, actions, rewards, terminations, infos)
+        obs = next_obs.astype(np.float32)
+        returned.append(obs)
+        actions_taken.append(actions)
+    envs.close()
+    for env_index in range(2):
+        plain = gym.make("PendulumFiveSteps-v1")  # the same episode without vector env or autoreset
+        seen = [plain.reset(seed=3 + env_index)[0]]
+        for step in range(5):
+            seen.append(plain.step(actions_taken[step][env_index])[0])
+        rows = rb.data[env_index : 14 : 2]  # obs 0:3 | next_obs 3:6 | action 6 | reward 7 | termination 8
+        np.testing.assert_allclose(rows[4, 3:6].numpy(), seen[5], rtol=1e-6)  # the true final observation
+        assert not np.allclose(rows[4, 3:6].numpy(), returned[4][env_index])  # not the reset one
+        np.testing.assert_array_equal(rows[5, :3].numpy(), returned[4][env_index])  # the next episode starts from it
+        np.testing.assert_array_equal(rows[:, 6].numpy(), [a[env_index, 0] for a in actions_taken])
+        assert rows[:, 8].eq(0).all()  # a truncation is not a termination: it bootstraps
+    batch = rb.sample(50)
+    assert [t.shape for t in batch] == [(50, 3), (50, 3), (50, 1), (50,), (50,)]
+
+
+def test_buffer_flags_hopper_terminations():
+    envs = sac.make_envs("Hopper-v5", 1)
+    rb = sac.ReplayBuffer(500, 1, 11, 3, torch.device("cpu"))
+    obs, _ = envs.reset(seed=0)
+    for step in range(300):
+        actions = np.full((1, 3), 1.0, dtype=np.float32)  # full torque: the hopper falls within ~100 steps
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        rb.add(obs, next_obs, actions, rewards, terminations, infos)
+        obs = next_obs
+        if terminations[0]:
+            break
+    envs.close()
+    assert terminations[0] and not truncations[0]
+    last = rb.data[rb.size - 1]  # obs 0:11 | next_obs 11:22 | action 22:25 | reward 25 | termination 26
+    assert last[26].item() == 1.0 and rb.data[: rb.size - 1, 26].eq(0).all()
+    np.testing.assert_allclose(last[11:22].numpy(), infos["final_obs"][0], rtol=1e-6)
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--env-id", "CartPole-v1"], ["Box", "cleanrl/dqn.py"]),
+        (["--env-id", "Pendulum-v1", "--buffer-size", "256", "--batch-size", "512"],
+         ["--batch-size 512 is larger than --buffer-size 256"]),
+    ],
+)
+def test_bad_input_fails_in_one_line(workdir, flags, fragments):
+    assert_bad_input(run_script(SCRIPT, *flags, cwd=workdir), workdir, *fragments)
+
+
+class UnboundedActionEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,))
+    action_space = gym.spaces.Box(-np.inf, np.inf, (2,))
+
+
+gym.register("UnboundedAction-v0", entry_point=UnboundedActionEnv)
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (dict(total_timesteps=0), "--total-timesteps must be positive"),
+        (dict(buffer_size=0), "--buffer-size must be positive"),
+        (dict(batch_size=-1), "--batch-size must be positive"),
+        (dict(num_envs=0), "--num-envs must be positive"),
+        (dict(policy_frequency=0), "--policy-frequency must be positive"),
+        (dict(q_lr=0.0), "--q-lr must be positive"),
+        (dict(learning_starts=-1), "--learning-starts must be 0 or positive"),
+        (dict(total_timesteps=1000, learning_starts=1000), "the agent would never learn"),
+        (dict(tau=0.0), "--tau must be in (0, 1]"),
+        (dict(gamma=1.5), "--gamma and --tau must be in (0, 1]"),
+        (dict(alpha=-0.1), "--alpha must be 0 or positive"),
+        (dict(num_envs=8, buffer_size=4, batch_size=4), "--num-envs 8 is larger than --buffer-size 4"),
+        (dict(env_id="Pendulm-v1"), "unknown environment id 'Pendulm-v1'; did you mean Pendulum-v1"),
+        (dict(env_id="UnboundedAction-v0"), "finite bounds"),
+    ],
+)
+def test_validate_rejects(capsys, overrides, fragment):
+    args = sac.Args(**{"env_id": "Pendulum-v1", **overrides})
+    with pytest.raises(SystemExit) as exit_info:
+        sac.validate(args)
+    assert exit_info.value.code != 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], lines
+
+
+def test_resume_rejects_another_scripts_checkpoint(workdir):
+    from cleanrl_utils.checkpoint import CHECKPOINT_FORMAT
+
+    path = workdir / "dqn.pt"
+    torch.save({"format": CHECKPOINT_FORMAT, "exp_name": "dqn", "env_id": "Pendulum-v1",
+                "args": {"exp_name": "dqn", "env_id": "Pendulum-v1"}}, path)
+    result = run_script(SCRIPT, "--env-id", "Pendulum-v1", "--resume", str(path), cwd=workdir)
+    assert_bad_input(result, workdir, "written by dqn.py, not sac_continuous_action.py")
+
+
+# --- checkpoints and exact resume ----------------------------------------------------------------
+
+
+def episodic_returns(run_dir: Path) -> list[tuple[int, float]]:
+    return read_scalars(run_dir)["charts/episodic_return"]
+
+
+def saved_weights(run_dir: Path) -> dict:
+    model = torch.load(run_dir / "sac_continuous_action.cleanrl_model", weights_only=False)
+    return {**{f"actor.{k}": v for k, v in model["actor"].items()}, **{f"qf.{k}": v for k, v in model["qf"].items()}}
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+# The buffer (500) is smaller than the run (800 steps): the resumed run also wraps around.
+RESUME_FLAGS = ["--env-id", "Pendulum-v1", "--batch-size", "32", "--buffer-size", "500", "--learning-starts", "150",
+                "--total-timesteps", "800", "--checkpoint-every", "300", "--save-model", "--eval-episodes", "1"]
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    straight.mkdir(), interrupted.mkdir()
+    result = run_script(SCRIPT, *RESUME_FLAGS, cwd=straight)
+    assert result.returncode == 0, result.stderr
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / SCRIPT), *RESUME_FLAGS], cwd=interrupted,
+                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(interrupted.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    (run_dir,) = run_dirs(interrupted)
+    assert not (run_dir / "sac_continuous_action.cleanrl_model").exists()
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    step = checkpoint["global_step"]  # 300 unless the poll above was held up for a whole interval
+    assert step in (300, 600) and checkpoint["replay_buffer"]["size"] == min(step, 500)
+    assert checkpoint["critic_stats"] is not None and checkpoint["log_alpha"].item() != 0.0  # learning had started
+
+    resumed = run_script(SCRIPT, *RESUME_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=interrupted)
+    assert resumed.returncode == 0, resumed.stderr
+    assert run_dirs(interrupted) == [run_dir], "resume must continue the same run directory"
+    (straight_dir,) = run_dirs(straight)
+    straight_scalars, resumed_scalars = read_scalars(straight_dir), read_scalars(run_dir)
+    for key in ("charts/episodic_return", "losses/qf1_loss", "losses/actor_loss", "losses/alpha"):
+        assert resumed_scalars[key] == straight_scalars[key], key
+    assert len(straight_scalars["charts/episodic_return"]) == 4
+    assert_same_weights(saved_weights(run_dir), saved_weights(straight_dir))
+
+
+def test_hopper_smoke_then_resume_continues_exactly(workdir):
+    # A checkpoint at step 400 of a 700-step run stays on disk; resuming from it must redo
+    # steps 401-700 exactly: Hopper's physics, its random generator and the episode counters.
+    flags = ["--env-id", "Hopper-v5", *SMALL, "--learning-starts", "200", "--total-timesteps", "700",
+             "--checkpoint-every", "400", "--save-model", "--eval-episodes", "1"]
+    result = run_script(SCRIPT, *flags, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(workdir)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, SAC_KEYS + ["eval/episodic_return"])  # random Hopper episodes end within ~100 steps
+    straight_returns, straight_weights = scalars["charts/episodic_return"], saved_weights(run_dir)
+    assert sum(step > 400 for step, _ in straight_returns) >= 3  # episodes end after the checkpoint
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 400
+
+    resumed = run_script(SCRIPT, *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "fresh" not in resumed.stdout
+    assert episodic_returns(run_dir) == straight_returns
+    assert_same_weights(saved_weights(run_dir), straight_weights)
+
+
+def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / SCRIPT), "--env-id", "Pendulum-v1", *TINY,
+                             "--total-timesteps", "10000000"],
+                            cwd=workdir, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first_line = proc.stdout.readline()  # the progress display: the training loop is running
+    assert "steps (" in first_line, first_line + proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    (run_dir,) = run_dirs(workdir)
+    assert "SIGTERM: checkpoint written" in out
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert 0 < checkpoint["global_step"] < 10_000_000
+    assert checkpoint["replay_buffer"]["size"] == min(checkpoint["global_step"], 1000)
+    for key in ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "log_alpha", "envs", "rng"):
+        assert checkpoint[key] is not None, key
+
+
+# --- learning ------------------------------------------------------------------------------------
+
+
+def test_learns_pendulum_clearly_better_than_random(workdir):
+    # A uniformly random policy averages about -1200 on Pendulum-v1. At the standard
+    # hyperparameters, the last 5 of 22 episodes average -237 (seed 1) and -180 (seed 2).
+    result = run_script(SCRIPT, "--env-id", "Pendulum-v1", "--total-timesteps", "4400", "--learning-starts", "1000",
+                        cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
+    assert len(returns) == 22
+    assert np.mean(returns[-5:]) > -600, returns
