@@ -5,10 +5,12 @@
 # --learning-starts 1000: CleanRL's default of 25000 random steps is more than the whole
 # 20k-step run, so nothing would be learned (the script refuses such a run). Everything else
 # is CleanRL's defaults.
+# --torch-threads 1: these runs shared the 2-core machine with another single-threaded benchmark;
+# drop it on a machine of your own (the default uses one thread per core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for seed in 1 2 3; do
-    uv run python cleanrl/ddpg_continuous_action.py --env-id Pendulum-v1 --seed "$seed" --total-timesteps 20000 --learning-starts 1000
+    uv run python cleanrl/ddpg_continuous_action.py --env-id Pendulum-v1 --seed "$seed" --total-timesteps 20000 --torch-threads 1 --learning-starts 1000
 done
 runs=(runs/Pendulum-v1__ddpg_continuous_action__*)
 uv run python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/ddpg

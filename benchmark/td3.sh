@@ -5,12 +5,14 @@
 # Pendulum-v1 passes --learning-starts 1000: CleanRL's default of 25000 random steps is more
 # than the whole 20k-step run, so nothing would be learned (the script refuses such a run).
 # Everything else is CleanRL's defaults, Hopper-v5 included (25000 random steps of 200k).
+# --torch-threads 1: these runs shared the 2-core machine with another single-threaded benchmark;
+# drop it on a machine of your own (the default uses one thread per core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for seed in 1 2 3; do
-    uv run python cleanrl/td3_continuous_action.py --env-id Pendulum-v1 --seed "$seed" --total-timesteps 20000 --learning-starts 1000
+    uv run python cleanrl/td3_continuous_action.py --env-id Pendulum-v1 --seed "$seed" --total-timesteps 20000 --torch-threads 1 --learning-starts 1000
 done
-uv run --extra mujoco python cleanrl/td3_continuous_action.py --env-id Hopper-v5 --seed 1 --total-timesteps 200000
+uv run --extra mujoco python cleanrl/td3_continuous_action.py --env-id Hopper-v5 --seed 1 --total-timesteps 200000 --torch-threads 1
 runs=(runs/Pendulum-v1__td3_continuous_action__* runs/Hopper-v5__td3_continuous_action__*)
 uv run python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/td3
 uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/td3.png
