@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,38 @@ def assert_bad_input(result: subprocess.CompletedProcess, cwd: Path, *fragments:
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     assert run_dirs(cwd) == [], "a run directory was left behind"
+
+
+def kill_at_first_checkpoint(script: str, flags: list[str] | tuple[str, ...], cwd: Path) -> Path:
+    """Start cleanrl/<script>, SIGKILL it as soon as its first checkpoint exists (no chance to
+    clean up: a crash or a preempted machine), and return its run directory."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / script), *flags], cwd=cwd,
+                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(cwd.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    (run_dir,) = run_dirs(cwd)
+    return run_dir
+
+
+def sigterm_while_training(script: str, flags: list[str] | tuple[str, ...], cwd: Path, settle: float = 0.0) -> tuple[str, Path]:
+    """Start cleanrl/<script>, send SIGTERM once its training loop runs (its first progress line,
+    then `settle` seconds more), check that it exits 0 announcing the checkpoint it wrote, and
+    return its stdout and run directory."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / script), *flags], cwd=cwd,
+                            env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first_line = proc.stdout.readline()
+    assert "steps (" in first_line, first_line + proc.stderr.read()
+    time.sleep(settle)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "SIGTERM: checkpoint written" in out
+    (run_dir,) = run_dirs(cwd)
+    assert (run_dir / "checkpoint.pt").is_file()
+    return out, run_dir
 
 
 @pytest.fixture

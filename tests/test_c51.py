@@ -3,17 +3,13 @@ loop, bad input, checkpoints and resume, learning."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
 
 import c51
 
@@ -170,14 +166,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert result.returncode == 0, result.stderr
     (straight_run,) = run_dirs(straight_dir)
 
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / "c51.py"), *RESUME_FLAGS], cwd=workdir,
-                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not list(workdir.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
-    (run_dir,) = run_dirs(workdir)
+    run_dir = kill_at_first_checkpoint("c51.py", RESUME_FLAGS, workdir)
     assert not (run_dir / "c51.cleanrl_model").exists()
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < 2000 and checkpoint["replay_buffer"]["size"] == 500

@@ -4,10 +4,6 @@ checkpoints and resume, learning."""
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -15,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
 
 import dqn
 
@@ -230,14 +226,7 @@ def straight_run(tmp_path_factory) -> Path:
 
 
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(workdir, straight_run):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / "dqn.py"), *RESUME_FLAGS], cwd=workdir,
-                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not list(workdir.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
-    (run_dir,) = run_dirs(workdir)
+    run_dir = kill_at_first_checkpoint("dqn.py", RESUME_FLAGS, workdir)
     assert not (run_dir / "dqn.cleanrl_model").exists()
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < 3000 and checkpoint["replay_buffer"]["size"] == 500
@@ -261,15 +250,7 @@ def test_same_seed_gives_identical_curves(workdir, straight_run):
 
 
 def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / "dqn.py"), *TINY, "--total-timesteps", "10000000"],
-                            cwd=workdir, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first_line = proc.stdout.readline()  # the progress display: the training loop is running
-    assert "steps (" in first_line, first_line + proc.stderr.read()
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    (run_dir,) = run_dirs(workdir)
-    assert "SIGTERM: checkpoint written" in out
+    out, run_dir = sigterm_while_training("dqn.py", [*TINY, "--total-timesteps", "10000000"], workdir)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < 10_000_000
     assert checkpoint["replay_buffer"]["size"] == min(checkpoint["global_step"], 500)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, script_env, sigterm_while_training
 
 import ppo
 
@@ -177,14 +174,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     result = run_script("ppo.py", *RESUME_FLAGS, cwd=straight)
     assert result.returncode == 0, result.stderr
 
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / "ppo.py"), *RESUME_FLAGS], cwd=interrupted,
-                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not list(interrupted.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
-    (run_dir,) = run_dirs(interrupted)
+    run_dir = kill_at_first_checkpoint("ppo.py", RESUME_FLAGS, interrupted)
     assert not (run_dir / "ppo.cleanrl_model").exists()
 
     resumed = run_script("ppo.py", *RESUME_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=interrupted)
@@ -207,16 +197,7 @@ def test_same_seed_gives_identical_curves(tmp_path):
 
 
 def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / "ppo.py"), *TINY, "--total-timesteps", "10000000"],
-                            cwd=workdir, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first_line = proc.stdout.readline()  # the progress display: the training loop is running
-    assert "steps (" in first_line, first_line + proc.stderr.read()
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    (run_dir,) = run_dirs(workdir)
-    assert (run_dir / "checkpoint.pt").is_file()
-    assert "SIGTERM: checkpoint written" in out
+    out, run_dir = sigterm_while_training("ppo.py", [*TINY, "--total-timesteps", "10000000"], workdir)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < 10_000_000
 

@@ -5,17 +5,13 @@ checkpoints and resume, learning."""
 from __future__ import annotations
 
 import math
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
 
 import ppo_continuous_action as pca
 
@@ -345,14 +341,7 @@ def test_same_seed_gives_identical_runs(hopper_run, tmp_path):
 
 
 def test_sigkill_then_resume_on_hopper_reproduces_the_uninterrupted_run(hopper_run, tmp_path):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / SCRIPT), *HOPPER_FLAGS], cwd=tmp_path,
-                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
-    (run_dir,) = run_dirs(tmp_path)
+    run_dir = kill_at_first_checkpoint(SCRIPT, HOPPER_FLAGS, tmp_path)
     assert not (run_dir / MODEL).exists()
     assert load(run_dir / "checkpoint.pt")["global_step"] < 1024
 
@@ -369,16 +358,7 @@ def test_sigkill_then_resume_on_hopper_reproduces_the_uninterrupted_run(hopper_r
 
 
 def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / SCRIPT), "--env-id", "Pendulum-v1", *TINY,
-                             "--total-timesteps", "10000000"],
-                            cwd=workdir, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first_line = proc.stdout.readline()  # the progress display: the training loop is running
-    assert "steps (" in first_line, first_line + proc.stderr.read()
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    (run_dir,) = run_dirs(workdir)
-    assert "SIGTERM: checkpoint written" in out
+    out, run_dir = sigterm_while_training(SCRIPT, ["--env-id", "Pendulum-v1", *TINY, "--total-timesteps", "10000000"], workdir)
     checkpoint = load(run_dir / "checkpoint.pt")
     assert 0 < checkpoint["global_step"] < 10_000_000
     assert checkpoint["obs_rms"]["_extra_state"]["count"] == pytest.approx(checkpoint["global_step"] + 2 + 1e-4)

@@ -5,10 +5,6 @@ MLPs, the replay buffer, bad input, checkpoints and exact resume, learning."""
 from __future__ import annotations
 
 import math
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -17,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
 
 import sac_continuous_action as sac
 
@@ -342,14 +338,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     result = run_script(SCRIPT, *RESUME_FLAGS, cwd=straight)
     assert result.returncode == 0, result.stderr
 
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / SCRIPT), *RESUME_FLAGS], cwd=interrupted,
-                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not list(interrupted.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
-    (run_dir,) = run_dirs(interrupted)
+    run_dir = kill_at_first_checkpoint(SCRIPT, RESUME_FLAGS, interrupted)
     assert not (run_dir / "sac_continuous_action.cleanrl_model").exists()
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     step = checkpoint["global_step"]  # 300 unless the poll above was held up for a whole interval
@@ -389,16 +378,7 @@ def test_hopper_smoke_then_resume_continues_exactly(workdir):
 
 
 def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / SCRIPT), "--env-id", "Pendulum-v1", *TINY,
-                             "--total-timesteps", "10000000"],
-                            cwd=workdir, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first_line = proc.stdout.readline()  # the progress display: the training loop is running
-    assert "steps (" in first_line, first_line + proc.stderr.read()
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    (run_dir,) = run_dirs(workdir)
-    assert "SIGTERM: checkpoint written" in out
+    out, run_dir = sigterm_while_training(SCRIPT, ["--env-id", "Pendulum-v1", *TINY, "--total-timesteps", "10000000"], workdir)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < 10_000_000
     assert checkpoint["replay_buffer"]["size"] == min(checkpoint["global_step"], 1000)

@@ -5,10 +5,7 @@ definitions; bad input; checkpoints and exact resume; learning Pendulum."""
 from __future__ import annotations
 
 import io
-import signal
 import subprocess
-import sys
-import time
 from contextlib import redirect_stderr
 from pathlib import Path
 
@@ -18,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
 
 import ddpg_continuous_action as ddpg
 import td3_continuous_action as td3
@@ -349,19 +346,6 @@ def model_weights(run_dir: Path, algo: str) -> dict:
     return {f"{net}.{key}": value for net in ("actor", "critic") for key, value in model[net].items()}
 
 
-def kill_at_first_checkpoint(script: str, flags: list[str], cwd: Path) -> Path:
-    """Start a run, SIGKILL it as soon as its first checkpoint exists, and return its run directory."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / script), *flags], cwd=cwd,
-                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not list(cwd.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
-    (run_dir,) = run_dirs(cwd)
-    return run_dir
-
-
 @pytest.mark.parametrize("algo, env_id, steps", RESUMABLE)
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(workdir, straight_runs, algo, env_id, steps):
     straight_dir, _ = straight_runs(algo, env_id, steps)
@@ -389,17 +373,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(workdir, straight_
 def test_sigterm_writes_checkpoint_and_exits_zero(tmp_path):
     workdir = tmp_path / "td3"
     workdir.mkdir()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / SCRIPTS["td3"]), "--env-id", "Pendulum-v1", *SMALL,
-                             "--learning-starts", "100", "--total-timesteps", "10000000"],
-                            cwd=workdir, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first_line = proc.stdout.readline()  # the progress display: the training loop is running
-    assert "steps (" in first_line, first_line + proc.stderr.read()
-    time.sleep(0.5)  # into the learning phase
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    (run_dir,) = run_dirs(workdir)
-    assert "SIGTERM: checkpoint written" in out
+    out, run_dir = sigterm_while_training(SCRIPTS["td3"], ["--env-id", "Pendulum-v1", *SMALL, "--learning-starts", "100", "--total-timesteps", "10000000"], workdir, settle=0.5)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < 10_000_000
     assert checkpoint["replay_buffer"]["size"] == min(checkpoint["global_step"], 1000)
