@@ -4,7 +4,8 @@
         --output benchmark/results/ppo
 
 Per environment and script: the number of seeds, the score (the mean of the last 100 episodic
-returns of each run, then mean +- std across runs), the training steps, the wall time of a run
+returns of each run, then mean +- std across runs; `--last-episodes Pendulum-v1=10` scores an
+environment on fewer, for short runs whose early episodes are the random warm-up), the training steps, the wall time of a run
 (first to last TensorBoard event) and its SPS (total steps / wall time). The machine is written
 under the table.
 
@@ -37,6 +38,7 @@ class RunSummary:
     steps: int
     score: float
     wall_time: float
+    last_n: int = 100  # the score is the mean of this many last episodic returns
 
     @property
     def sps(self) -> float:
@@ -138,7 +140,7 @@ def read_summary(run_dir: Path, last_n: int = 100) -> RunSummary:
     wall_time = max(e.wall_time for e in every_event) - min(e.wall_time for e in every_event)
     steps = max(e.step for e in every_event)
     score = float(np.mean([e.value for e in returns[-last_n:]]))
-    return RunSummary(args["env_id"], args["exp_name"], args["seed"], steps, score, wall_time)
+    return RunSummary(args["env_id"], args["exp_name"], args["seed"], steps, score, wall_time, last_n)
 
 
 def summarize_run(run_dir: Path, last_n: int = 100) -> RunSummary:
@@ -172,6 +174,7 @@ def aggregate(summaries: list[RunSummary]) -> list[dict]:
             "steps": int(np.mean([r.steps for r in runs])),
             "seeds": " ".join(str(r.seed) for r in sorted(runs, key=lambda r: r.seed)),
             "return": f"{scores.mean():.2f} +- {scores.std():.2f}",
+            "scored episodes": f"last {runs[0].last_n}",
             "wall time (s)": f"{np.mean([r.wall_time for r in runs]):.0f}",
             "SPS": f"{np.mean([r.sps for r in runs]):,.0f}",
         })
@@ -182,7 +185,7 @@ def markdown_table(rows: list[dict], machine: str) -> str:
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(row[h]) for h in header) + " |" for row in rows]
-    note = ("Return: mean of the last 100 episodic returns of each run, then mean +- std across seeds. "
+    note = ("Return: mean of each run's last episodic returns (as many as the scored-episodes column says), then mean +- std across seeds. "
             "Wall time: first to last TensorBoard event of a run (after start-up). SPS: steps / wall time.")
     return "\n".join(lines) + f"\n\n{note}\n\nMachine: {machine}\n"
 
@@ -197,12 +200,30 @@ def write_tables(rows: list[dict], output: Path, machine: str) -> None:
         writer.writerows(rows)
 
 
+def parse_last_episodes(values: list[str]) -> dict[str | None, int]:
+    """["10", "Pendulum-v1=10"] -> {None: 10, "Pendulum-v1": 10}; the None key is the default."""
+    last_n: dict[str | None, int] = {None: 100}
+    for value in values:
+        env_id, _, count = value.rpartition("=")
+        if not count.isdigit() or int(count) == 0:
+            fail(f"--last-episodes takes a positive count or ENV_ID=COUNT, got {value!r}")
+        last_n[env_id or None] = int(count)
+    return last_n
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (runs/...)")
     parser.add_argument("--output", type=Path, required=True, help="output path without suffix (.md and .csv are written)")
+    parser.add_argument("--last-episodes", action="append", default=[], metavar="[ENV_ID=]N",
+                        help="score runs on their last N episodic returns (default 100); ENV_ID=N for one environment only")
     args = parser.parse_args(argv)
-    rows = aggregate([summarize_run(run_dir) for run_dir in args.run_dirs])
+    last_n = parse_last_episodes(args.last_episodes)
+    summaries = []
+    for run_dir in args.run_dirs:
+        env_id = run_info(run_dir)["env_id"] if (run_dir / "args.json").is_file() else None
+        summaries.append(summarize_run(run_dir, last_n.get(env_id, last_n[None])))
+    rows = aggregate(summaries)
     write_tables(rows, args.output, machine_description())
     print(args.output.with_suffix(".md").read_text())
 

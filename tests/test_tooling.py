@@ -27,7 +27,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from conftest import ROOT, assert_bad_input, read_scalars, run_dirs, run_script, script_env
 
-from cleanrl_utils import benchmark, evaluate, plot, tuner
+from cleanrl_utils import benchmark, evaluate, plot, results, tuner
 
 ECHO = ROOT / "tests" / "flag_echo.py"
 PY = shlex.quote(sys.executable)
@@ -198,6 +198,23 @@ def test_plot_aggregates_match_hand_computed_numbers():
     grid = plot.common_grid([np.array([0.0, 100.0]), np.array([10.0, 90.0])], 5)
     assert grid.tolist() == [10.0, 30.0, 50.0, 70.0, 90.0]
     assert plot.interpolate(np.array([0, 10, 10, 20]), np.array([0.0, 2.0, 4.0, 6.0]), np.array([5.0, 15.0])).tolist() == [1.5, 4.5]
+
+
+def test_results_scores_an_environment_on_its_last_n_episodes(tmp_path, capsys):
+    # Pendulum: 20 episodes, the first 15 of the warm-up; CartPole keeps the default window of 100.
+    pendulum = [fake_run(tmp_path, "Pendulum-v1", "sac", seed, [(200 * i, -1200.0 if i < 15 else -150.0 - seed)
+                                                                 for i in range(1, 21)]) for seed in (1, 2)]
+    cartpole = fake_run(tmp_path, "CartPole-v1", "sac", 1, [(i, float(i)) for i in range(1, 151)])
+    result = call_main(results.main, [*map(str, pendulum), str(cartpole), "--last-episodes", "Pendulum-v1=5",
+                                      "--output", str(tmp_path / "table")], capsys)
+    assert result.returncode == 0, result.stderr
+    with open(tmp_path / "table.csv") as f:
+        rows = {row["environment"]: row for row in csv.DictReader(f)}
+    assert rows["Pendulum-v1"]["return"] == "-151.50 +- 0.50" and rows["Pendulum-v1"]["scored episodes"] == "last 5"
+    assert rows["CartPole-v1"]["return"] == f"{np.mean(range(51, 151)):.2f} +- 0.00"  # episodes 51-150
+    assert rows["CartPole-v1"]["scored episodes"] == "last 100"
+    bad = call_main(results.main, [str(cartpole), "--last-episodes", "Pendulum-v1=none", "--output", str(tmp_path / "t")], capsys)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --last-episodes takes a positive count or ENV_ID=COUNT, got 'Pendulum-v1=none'"
 
 
 def test_run_directories_are_found_below_a_parent_but_not_inside_a_run(tmp_path):
