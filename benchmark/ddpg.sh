@@ -13,5 +13,5 @@ for seed in 1 2 3; do
     uv run python cleanrl/ddpg_continuous_action.py --env-id Pendulum-v1 --seed "$seed" --total-timesteps 20000 --torch-threads 1 --learning-starts 1000
 done
 runs=(runs/Pendulum-v1__ddpg_continuous_action__*)
-uv run python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/ddpg
+uv run python -m cleanrl_utils.results "${runs[@]}" --last-episodes Pendulum-v1=10 --output benchmark/results/ddpg
 uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/ddpg.png

@@ -14,5 +14,5 @@ for seed in 1 2 3; do
 done
 uv run --extra mujoco python cleanrl/td3_continuous_action.py --env-id Hopper-v5 --seed 1 --total-timesteps 200000 --torch-threads 1
 runs=(runs/Pendulum-v1__td3_continuous_action__* runs/Hopper-v5__td3_continuous_action__*)
-uv run python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/td3
+uv run python -m cleanrl_utils.results "${runs[@]}" --last-episodes Pendulum-v1=10 --output benchmark/results/td3
 uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/td3.png
