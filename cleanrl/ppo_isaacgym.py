@@ -56,7 +56,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Optional
 
 import numpy as np
 
@@ -99,7 +99,8 @@ class Args:
     """if toggled, mirror the run to Weights & Biases (offline when there is no network or API key)"""
     wandb_project_name: str = "cleanRL"
     """the W&B project name"""
-    wandb_entity: str | None = None
+    # Optional[...] rather than "X | None": tyro evaluates these, and Isaac Gym runs on Python 3.8
+    wandb_entity: Optional[str] = None
     """the W&B entity (team)"""
     capture_video: bool = False
     """not supported by this script (Isaac Gym renders through its own viewer); must stay off"""
@@ -107,7 +108,7 @@ class Args:
     """if toggled, save the model at the end and evaluate the reloaded copy"""
     checkpoint_every: int = 0
     """write a checkpoint every this many environment steps (0: only on SIGTERM/SIGINT)"""
-    resume: str | None = None
+    resume: Optional[str] = None
     """path of a checkpoint to continue from (run the original command with this flag added)"""
     env_id: str = "Ant"
     """the task: Isaac Gym's task names (MuJoCo Warp: Ant, Humanoid, Hopper, HalfCheetah, Walker2d)"""
@@ -145,7 +146,7 @@ class Args:
     """coefficient of the value function"""
     max_grad_norm: float = 1.0
     """the maximum norm for the gradient clipping"""
-    target_kl: float | None = None
+    target_kl: Optional[float] = None
     """the target KL divergence threshold (None: no early stop)"""
     norm_obs: bool = True
     """toggles observation normalisation by running statistics (see the docstring)"""
@@ -680,6 +681,7 @@ if __name__ == "__main__":
         else:
             envs.load_state_dict(checkpoint["envs"])
             next_obs = checkpoint["next_obs"].to(device)
+        episode_stats.copy_(checkpoint["episode_stats"])
         restore_rng_state(checkpoint["rng"])
         global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
 
@@ -688,7 +690,7 @@ if __name__ == "__main__":
         writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
         save_checkpoint(path, args, global_step=global_step, iteration=iteration, agent=agent.state_dict(),
                         optimizer=optimizer.state_dict(), obs_rms=obs_rms.state_dict(), envs=envs.state_dict(),
-                        next_obs=next_obs.cpu(), wandb_id=run.wandb_id)
+                        next_obs=next_obs.cpu(), episode_stats=episode_stats.cpu(), wandb_id=run.wandb_id)
         return path
 
     progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
