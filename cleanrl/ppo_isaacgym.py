@@ -177,6 +177,11 @@ ISAACGYM_INSTALL = ("--simulator isaacgym needs Isaac Gym, which no package regi
                     "isaacgymenvs (github.com/isaac-sim/IsaacGymEnvs); see the README")
 
 
+# Some of isaacgymenvs's tasks, to tell a user without Isaac Gym why a task name is unknown.
+ISAACGYM_TASKS = ["Ant", "Anymal", "AnymalTerrain", "AllegroHand", "BallBalance", "Cartpole", "FrankaCabinet",
+                  "Humanoid", "Ingenuity", "Quadcopter", "ShadowHand", "Trifinger"]
+
+
 def isaacgym_available() -> bool:
     return importlib.util.find_spec("isaacgym") is not None and importlib.util.find_spec("isaacgymenvs") is not None
 
@@ -500,7 +505,8 @@ def validate(args: Args) -> str:
         fail("--simulator mujoco-warp needs the mujoco-warp package (Python >= 3.11): uv sync")
     tasks = known_tasks(simulator)
     if args.env_id not in tasks:
-        fail(f"unknown task {args.env_id!r} for {simulator}; known tasks: {', '.join(tasks)}")
+        hint = " (an Isaac Gym task: install Isaac Gym, see the README)" if simulator == "mujoco-warp" and args.env_id in ISAACGYM_TASKS else ""
+        fail(f"unknown task {args.env_id!r} for {simulator}{hint}; known tasks: {', '.join(tasks)}")
     return simulator
 
 
