@@ -164,6 +164,50 @@ def test_mujoco_warp_autoreset_statistics_and_reset_noise():
     assert torch.equal(obs[[0, 1, 3]], info["final_obs"][[0, 1, 3]])  # ... and only world 2
 
 
+# --- the math: GAE and running statistics against plain references -------------------------------
+
+
+def reference_gae(rewards, values, next_values, terminations, truncations, gamma, lam):
+    """Plain per-environment Python loop over time, written from the definition."""
+    num_steps, num_envs = len(rewards), len(rewards[0])
+    advantages = [[0.0] * num_envs for _ in range(num_steps)]
+    for env in range(num_envs):
+        running = 0.0
+        for t in reversed(range(num_steps)):
+            delta = rewards[t][env] + (0.0 if terminations[t][env] else gamma * next_values[t][env]) - values[t][env]
+            running = delta if (terminations[t][env] or truncations[t][env]) else delta + gamma * lam * running
+            advantages[t][env] = running
+    return advantages
+
+
+def test_gae_matches_python_loop_with_terminations_and_truncations():
+    rng = np.random.default_rng(0)
+    rewards, values, next_values = (rng.normal(size=(9, 3)) for _ in range(3))
+    terminations, truncations = np.zeros((9, 3)), np.zeros((9, 3))
+    terminations[3, 0] = truncations[5, 1] = terminations[-1, 2] = truncations[-1, 0] = 1
+    truncations[1, 2] = terminations[1, 2] = 1  # both at once counts as a termination
+    expected = reference_gae(*(a.tolist() for a in (rewards, values, next_values, terminations, truncations)), 0.99, 0.95)
+    t = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    got = pig.compute_gae(t(rewards), t(values), t(next_values), t(terminations), t(truncations), 0.99, 0.95)
+    np.testing.assert_allclose(got.numpy(), np.array(expected), rtol=1e-5, atol=1e-6)
+
+
+def test_running_mean_std_matches_numpy_and_keeps_its_count_on_the_device():
+    rng = np.random.default_rng(1)
+    batches = [rng.normal(3.0 * i, 1.0 + i, size=(n, 4)) for i, n in enumerate([1, 7, 300, 64])]
+    rms = pig.RunningMeanStd(4, epsilon=0.0)
+    for batch in batches:
+        rms.update(torch.tensor(batch, dtype=torch.float32))
+    data = np.concatenate(batches)
+    np.testing.assert_allclose(rms.mean.numpy(), data.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(rms.var.numpy(), data.var(0), rtol=1e-5)
+    assert isinstance(rms.count, torch.Tensor) and rms.count.item() == len(data)
+    restored = pig.RunningMeanStd(4)
+    restored.load_state_dict(rms.state_dict())
+    x = torch.tensor([[0.0, 1e6, -1e6, 3.0]])
+    assert torch.equal(restored.normalize(x, 5.0), rms.normalize(x, 5.0)) and rms.normalize(x, 5.0).abs().max() == 5.0
+
+
 # --- smoke runs -----------------------------------------------------------------------------------
 
 
