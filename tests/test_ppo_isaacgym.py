@@ -1,0 +1,354 @@
+"""ppo_isaacgym.py: the five MuJoCo Warp tasks against gymnasium's v5 tasks (Ant and Hopper over
+100 steps, the others over 10), smoke runs on both
+simulators (Isaac Gym through the test double in tests/isaacgym_double.py), bad input, and
+SIGTERM + resume reproducing the uninterrupted run.
+
+MuJoCo Warp compiles its kernels on first use (cached in ~/.cache/warp): a cold cache adds
+a minute or two to the first test that steps a task.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+
+import isaacgym_double
+import ppo_isaacgym as pig
+
+SCRIPT = "ppo_isaacgym.py"
+MODEL = "ppo_isaacgym.cleanrl_model"
+TINY = ["--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2", "--log-every", "1"]
+LOSS_KEYS = [
+    "charts/SPS", "charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
+    "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
+]
+PPO_KEYS = ["charts/episodic_return", "charts/episodic_length", *LOSS_KEYS]
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# --- MuJoCo Warp against gymnasium ----------------------------------------------------------------
+
+# Largest |warp - gymnasium| allowed per step, as atol + rtol * |gymnasium|. Hopper matches to
+# float32 precision (measured: ~1e-6 relative). Ant goes through an iterative contact solver with an
+# elliptic friction cone in float32: velocities after a contact-rich step and the contact forces
+# differ more (measured: ~5e-3 relative on the observation, ~1e-4 on the reward).
+# HalfCheetah, Walker2d and Humanoid are checked over 10 steps only (test time); measured there:
+# ~6e-5 absolute on the observation (HalfCheetah, Walker2d), ~7e-3 on Humanoid's contact forces.
+TOLERANCES = {"Hopper": dict(obs=(1e-4, 1e-4), reward=(1e-4, 1e-4)),
+              "Ant": dict(obs=(2e-2, 1e-2), reward=(5e-3, 1e-3)),
+              "HalfCheetah": dict(obs=(1e-3, 1e-4), reward=(1e-4, 1e-4)),
+              "Walker2d": dict(obs=(1e-3, 1e-4), reward=(1e-4, 1e-4)),
+              "Humanoid": dict(obs=(1e-2, 1e-3), reward=(1e-3, 1e-3))}
+STEPS = {"Hopper": 100, "Ant": 100, "HalfCheetah": 10, "Walker2d": 10, "Humanoid": 10}
+
+
+def make_gym(task: str) -> gym.Env:
+    env = gym.make(f"{task}-v5")
+    if task == "Ant":  # the same friction cone as the MuJoCo Warp task (see ppo_isaacgym.py)
+        env.unwrapped.model.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
+    if task == "Humanoid":  # the same solver (MuJoCo Warp has no PGS)
+        env.unwrapped.model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
+    return env
+
+
+def set_world(env: pig.MuJoCoWarpVecEnv, world: int, gym_env: gym.Env) -> None:
+    """Put world `world` in the state of gymnasium's env: qpos, qvel, the solver's warm start, time,
+    the TimeLimit's step count, and the position the forward reward is measured from (gymnasium
+    reads it from the simulator before the step: the torso's xpos for Ant, the centre of mass of
+    the bodies' xipos for Humanoid, qpos[0] for the others)."""
+    model, data = gym_env.unwrapped.model, gym_env.unwrapped.data
+    as_tensor = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.float32)  # noqa: E731
+    env.qpos[world] = as_tensor(data.qpos)
+    env.qvel[world] = as_tensor(data.qvel)
+    env.qacc_warmstart[world] = as_tensor(data.qacc_warmstart)
+    env.time[world] = float(data.time)
+    env.elapsed[world] = gym_env._elapsed_steps
+    if env.env_id == "Ant":
+        env.position_before[world] = as_tensor(data.xpos[1, :2])
+    elif env.env_id == "Humanoid":
+        env.position_before[world] = as_tensor((model.body_mass[:, None] * data.xipos).sum(0)[:2] / model.body_mass.sum())
+    else:
+        env.position_before[world] = as_tensor(data.qpos[:1])
+
+
+def relative_excess(got: np.ndarray, want: np.ndarray, atol: float, rtol: float) -> float:
+    """max(|got - want| / (atol + rtol * |want|)): at most 1 within tolerance."""
+    return float(np.max(np.abs(got - want) / (atol + rtol * np.abs(want))))
+
+
+@pytest.mark.parametrize("task", ["Hopper", "Ant", "HalfCheetah", "Walker2d", "Humanoid"])
+def test_mujoco_warp_task_matches_gymnasium_v5_step_for_step(task):
+    """World 0 is set to the state of gymnasium's CPU env before every step and given the same
+    action: next observation, reward, termination and truncation must agree within TOLERANCES.
+    World 1 runs free from the same start beside a second gymnasium env: the drift is printed,
+    and bounded only loosely (contact dynamics are chaotic; float32 against float64)."""
+    tol = TOLERANCES[task]
+    env = pig.MuJoCoWarpVecEnv(task, 2, torch.device("cpu"), seed=0)
+    synced, free = make_gym(task), make_gym(task)
+    rng = np.random.default_rng(0)
+    synced.reset(seed=0)
+    free.reset(seed=1)
+    set_world(env, 1, free)
+    worst, largest = {"obs": 0.0, "reward": 0.0}, {"obs": 0.0, "reward": 0.0}
+    ends, drift, free_running, truncations = {"terminated": 0, "truncated": 0}, [], True, 0
+    steps = STEPS[task]
+    for step in range(steps):
+        if step == steps // 2:
+            synced._elapsed_steps = 999  # this step reaches gymnasium's TimeLimit (1000 steps)
+        set_world(env, 0, synced)
+        action = rng.uniform(synced.action_space.low, synced.action_space.high)
+        obs, reward, terminated, truncated, _ = synced.step(action)
+        # The free-running pair gets gentler actions, so that its episode tends to last the 100 steps.
+        free_obs, _, free_terminated, free_truncated, _ = free.step(0.3 * action)
+        _, w_reward, w_terminated, w_truncated, info = env.step(torch.as_tensor(np.stack([action, 0.3 * action]), dtype=torch.float32))
+        w_obs = info["final_obs"].double().numpy()  # before the autoreset, as gymnasium returns it
+        assert w_obs.shape[1] == obs.shape[0]
+        worst["obs"] = max(worst["obs"], relative_excess(w_obs[0], obs, *tol["obs"]))
+        largest["obs"] = max(largest["obs"], float(np.max(np.abs(w_obs[0] - obs))))
+        largest["reward"] = max(largest["reward"], abs(float(w_reward[0]) - reward))
+        worst["reward"] = max(worst["reward"], relative_excess(w_reward[0].double().numpy(), np.float64(reward), *tol["reward"]))
+        assert bool(w_terminated[0]) == terminated and bool(w_truncated[0]) == truncated, f"step {step}"
+        truncations += truncated
+        if terminated or truncated:
+            ends["terminated" if terminated else "truncated"] += 1
+            synced.reset(seed=100 + step)
+        if free_running:
+            drift.append(float(np.max(np.abs(w_obs[1] - free_obs))))
+            free_running = not (free_terminated or free_truncated or w_terminated[1] or w_truncated[1])
+    print(f"\n{task}: worst error / tolerance: obs {worst['obs']:.3g}, reward {worst['reward']:.3g}; largest "
+          f"|difference|: obs {largest['obs']:.2e}, reward {largest['reward']:.2e} "
+          f"(tolerances {tol}); episode ends in the synced trajectory {ends}; free-run drift "
+          f"(max |obs difference|) after 1, 10, {len(drift)} steps: {drift[0]:.2e}, {drift[min(9, len(drift) - 1)]:.2e}, {drift[-1]:.2e}")
+    assert worst["obs"] <= 1.0 and worst["reward"] <= 1.0, worst
+    assert truncations == 1  # the TimeLimit case was exercised
+    if task == "Hopper":
+        assert ends["terminated"] >= 1  # so was a termination (random actions topple the hopper)
+    # One free step from the same state is as close as a synced step; later ones may drift apart.
+    assert drift[0] <= tol["obs"][0] + tol["obs"][1] * 10
+
+
+def test_mujoco_warp_autoreset_statistics_and_reset_noise():
+    env = pig.MuJoCoWarpVecEnv("Hopper", 4, torch.device("cpu"), seed=3)
+    obs = env.reset()
+    assert obs.shape == (4, 11) and obs.dtype == torch.float32
+    init = env.init_qpos
+    assert (env.qpos - init).abs().max() <= 5e-3 and (env.qpos - init).abs().max() > 0  # U(-5e-3, 5e-3)
+    # Push world 2 over so that it terminates: its episode statistics come back, then reset.
+    returns = torch.zeros(4)
+    for step in range(3):
+        if step == 2:
+            env.qpos[2, 1] = 0.3  # z below the healthy range
+        obs, reward, terminated, truncated, info = env.step(torch.zeros(4, 3))
+        returns += reward
+    assert terminated.tolist() == [False, False, True, False] and not truncated.any()
+    assert info["done"].tolist() == [False, False, True, False]
+    assert info["episode_length"][2] == 3 and info["episode_return"][2] == pytest.approx(returns[2].item(), rel=1e-5)
+    assert info["final_obs"][2, 0] < 0.7  # the final (unhealthy) z, not the reset one (~1.25)
+    assert env.elapsed.tolist() == [3, 3, 0, 3] and env.episode_length[2] == 0 and env.episode_return[2] == 0
+    assert abs(env.qpos[2, 1] - init[1]) <= 5e-3  # world 2 was reset ...
+    assert torch.equal(obs[2], torch.cat([env.qpos[2, 1:], env.qvel[2].clamp(-10, 10)]))
+    assert torch.equal(obs[[0, 1, 3]], info["final_obs"][[0, 1, 3]])  # ... and only world 2
+
+
+# --- the math: GAE and running statistics against plain references -------------------------------
+
+
+def reference_gae(rewards, values, next_values, terminations, truncations, gamma, lam):
+    """Plain per-environment Python loop over time, written from the definition."""
+    num_steps, num_envs = len(rewards), len(rewards[0])
+    advantages = [[0.0] * num_envs for _ in range(num_steps)]
+    for env in range(num_envs):
+        running = 0.0
+        for t in reversed(range(num_steps)):
+            delta = rewards[t][env] + (0.0 if terminations[t][env] else gamma * next_values[t][env]) - values[t][env]
+            running = delta if (terminations[t][env] or truncations[t][env]) else delta + gamma * lam * running
+            advantages[t][env] = running
+    return advantages
+
+
+def test_gae_matches_python_loop_with_terminations_and_truncations():
+    rng = np.random.default_rng(0)
+    rewards, values, next_values = (rng.normal(size=(9, 3)) for _ in range(3))
+    terminations, truncations = np.zeros((9, 3)), np.zeros((9, 3))
+    terminations[3, 0] = truncations[5, 1] = terminations[-1, 2] = truncations[-1, 0] = 1
+    truncations[1, 2] = terminations[1, 2] = 1  # both at once counts as a termination
+    expected = reference_gae(*(a.tolist() for a in (rewards, values, next_values, terminations, truncations)), 0.99, 0.95)
+    t = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    got = pig.compute_gae(t(rewards), t(values), t(next_values), t(terminations), t(truncations), 0.99, 0.95)
+    np.testing.assert_allclose(got.numpy(), np.array(expected), rtol=1e-5, atol=1e-6)
+
+
+def test_running_mean_std_matches_numpy_and_keeps_its_count_on_the_device():
+    rng = np.random.default_rng(1)
+    batches = [rng.normal(3.0 * i, 1.0 + i, size=(n, 4)) for i, n in enumerate([1, 7, 300, 64])]
+    rms = pig.RunningMeanStd(4, epsilon=0.0)
+    for batch in batches:
+        rms.update(torch.tensor(batch, dtype=torch.float32))
+    data = np.concatenate(batches)
+    np.testing.assert_allclose(rms.mean.numpy(), data.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(rms.var.numpy(), data.var(0), rtol=1e-5)
+    assert isinstance(rms.count, torch.Tensor) and rms.count.item() == len(data)
+    restored = pig.RunningMeanStd(4)
+    restored.load_state_dict(rms.state_dict())
+    x = torch.tensor([[0.0, 1e6, -1e6, 3.0]])
+    assert torch.equal(restored.normalize(x, 5.0), rms.normalize(x, 5.0)) and rms.normalize(x, 5.0).abs().max() == 5.0
+
+
+# --- smoke runs -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def isaacgym_path(tmp_path_factory) -> str:
+    """PYTHONPATH on which `import isaacgym, isaacgymenvs` finds the test double."""
+    root = tmp_path_factory.mktemp("isaacgym_double")
+    isaacgym_double.write_shims(root)
+    return f"{root}:{ROOT / 'tests'}"
+
+
+def test_smoke_isaacgym_path_through_the_test_double(workdir, isaacgym_path):
+    # Episodes of the double last at most 20 steps: terminations and time-outs both happen.
+    result = run_script(SCRIPT, "--env-id", "Cartpole", *TINY, "--total-timesteps", "512", "--save-model",
+                        "--eval-episodes", "2", cwd=workdir, env=script_env(PYTHONPATH=isaacgym_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].startswith("simulator: Isaac Gym"), result.stdout  # auto picked it
+    (run_dir,) = run_dirs(workdir)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, PPO_KEYS + ["eval/episodic_return"])
+    assert len(scalars["losses/value_loss"]) == 4 and len(scalars["eval/episodic_return"]) == 2
+    assert all(0 < length <= 20 for _, length in scalars["charts/episodic_length"])
+    model = load(run_dir / MODEL)
+    assert (model["obs_dim"], model["act_dim"], model["simulator"]) == (4, 1, "isaacgym")
+
+
+def test_isaacgym_adapter_splits_reset_buffer_into_terminations_and_truncations(isaacgym_path, monkeypatch):
+    for path in reversed(isaacgym_path.split(":")):
+        monkeypatch.syspath_prepend(path)
+    env = pig.IsaacGymVecEnv("Cartpole", 3, torch.device("cpu"), seed=0)
+    assert (env.obs_dim, env.act_dim) == (4, 1) and env.reset().shape == (3, 4)
+    env.envs.state[1, 0] = 5.0  # out of bounds: world 1 terminates at the next step
+    seen_truncation = False
+    for step in range(19):
+        obs, reward, terminated, truncated, info = env.step(torch.full((3, 1), 2.0))  # clamped to 1
+        if step == 0:
+            assert terminated.tolist() == [False, True, False] and info["episode_length"][1] == 1
+        assert not (terminated & truncated).any()
+        assert torch.equal(info["done"], terminated | truncated) and torch.equal(info["final_obs"], obs)
+        seen_truncation |= bool(truncated.any())
+    assert seen_truncation and int(info["episode_length"].max()) == 19
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--env-id", "Anymal", "--simulator", "mujoco-warp"], ["unknown task 'Anymal'", "an Isaac Gym task", "Ant, Humanoid, Hopper, HalfCheetah, Walker2d"]),
+        (["--simulator", "isaacgym"], ["--simulator isaacgym needs Isaac Gym", "Preview 4", "isaacgymenvs"]),
+        (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "2"], ["does not divide the batch of 15"]),
+        (["--num-envs", "0"], ["--num-envs must be positive"]),
+        (["--num-steps", "-1"], ["--num-steps must be positive"]),
+        (["--total-timesteps", "100"], ["less than one batch"]),
+        (["--capture-video"], ["not supported"]),
+    ],
+)
+def test_validate_rejects_bad_arguments_in_one_line(capsys, flags, fragments):
+    import tyro
+
+    args = tyro.cli(pig.Args, args=flags)
+    with pytest.raises(SystemExit) as exit_info:
+        pig.validate(args)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_bad_input_exits_before_any_work(workdir):
+    assert_bad_input(run_script(SCRIPT, "--env-id", "Pendulum", cwd=workdir), workdir, "unknown task 'Pendulum'", "known tasks: Ant")
+    assert_bad_input(run_script(SCRIPT, "--simulator", "isaacgym", cwd=workdir), workdir, "pip install NVIDIA's Isaac Gym")
+
+
+# --- SIGTERM, checkpoints and resume ----------------------------------------------------------------
+
+# No --save-model here: evaluating an untrained Hopper takes ~140 MuJoCo Warp steps, which on this
+# CPU costs more than the training; evaluation is exercised by the Isaac Gym smoke run. The last
+# checkpoint (written at the last step) holds the final weights and statistics.
+HOPPER_FLAGS = ["--env-id", "Hopper", *TINY, "--total-timesteps", "512", "--checkpoint-every", "128"]
+
+
+@pytest.fixture(scope="module")
+def hopper_run(tmp_path_factory) -> tuple[Path, str]:
+    """One uninterrupted Hopper run, shared by the smoke and the resume tests."""
+    cwd = tmp_path_factory.mktemp("hopper")
+    result = run_script(SCRIPT, *HOPPER_FLAGS, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    return run_dir, result.stdout
+
+
+def test_smoke_mujoco_warp_is_the_default_and_writes_finite_scalars(hopper_run):
+    run_dir, stdout = hopper_run
+    assert stdout.splitlines()[0].startswith("simulator: MuJoCo Warp, task Hopper"), stdout  # no Isaac Gym here
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, PPO_KEYS)
+    assert len(scalars["losses/value_loss"]) == 4
+    checkpoint = load(run_dir / "checkpoint.pt")
+    assert checkpoint["global_step"] == 512
+    assert checkpoint["obs_rms"]["count"].item() == pytest.approx(8 + 512 + 1e-4)  # the reset, then every step
+    assert set(checkpoint["envs"]) >= {"qpos", "qvel", "time", "generator", "elapsed", "episode_return"}
+
+
+def test_sigterm_then_resume_reproduces_the_uninterrupted_run(hopper_run, tmp_path):
+    straight_dir, _ = hopper_run
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / SCRIPT), *HOPPER_FLAGS], cwd=tmp_path,
+                            env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "SIGTERM: checkpoint written" in out, out
+    (run_dir,) = run_dirs(tmp_path)
+    assert load(run_dir / "checkpoint.pt")["global_step"] < 512
+
+    resumed = run_script(SCRIPT, *HOPPER_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert run_dirs(tmp_path) == [run_dir]
+    final, straight = load(run_dir / "checkpoint.pt"), load(straight_dir / "checkpoint.pt")
+    assert final["global_step"] == straight["global_step"] == 512
+    for key in ("agent", "obs_rms", "optimizer", "envs", "next_obs", "episode_stats"):
+        assert_same(final[key], straight[key], key)
+    assert read_scalars(run_dir)["charts/episodic_return"] == read_scalars(straight_dir)["charts/episodic_return"]
+
+
+def assert_same(a, b, where: str) -> None:
+    """Exact equality of nested dicts / lists of tensors and numbers."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
