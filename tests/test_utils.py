@@ -107,7 +107,7 @@ def test_results_table_matches_hand_computed_numbers(tmp_path):
     rows = results.aggregate([results.summarize_run(a), results.summarize_run(b)])
     assert rows == [{
         "script": "ppo.py", "environment": "CartPole-v1", "steps": 1500, "seeds": "1 2",
-        "return": "3.00 +- 1.00", "wall time (s)": "149", "SPS": "10",
+        "return": "3.00 +- 1.00", "scored episodes": "last 100", "wall time (s)": "149", "SPS": "10",
     }]
     results.write_tables(rows, tmp_path / "out" / "ppo", "test machine")
     assert "| ppo.py | CartPole-v1 | 1500 | 1 2 | 3.00 +- 1.00 |" in (tmp_path / "out" / "ppo.md").read_text()
