@@ -213,14 +213,18 @@ def parse_last_episodes(values: list[str]) -> dict[str | None, int]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories (runs/...)")
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories, or folders (runs/) with run directories below them")
     parser.add_argument("--output", type=Path, required=True, help="output path without suffix (.md and .csv are written)")
     parser.add_argument("--last-episodes", action="append", default=[], metavar="[ENV_ID=]N",
                         help="score runs on their last N episodic returns (default 100); ENV_ID=N for one environment only")
     args = parser.parse_args(argv)
     last_n = parse_last_episodes(args.last_episodes)
+    try:
+        run_dirs = find_run_dirs(args.run_dirs)
+    except RunError as error:
+        fail(str(error))
     summaries = []
-    for run_dir in args.run_dirs:
+    for run_dir in run_dirs:
         env_id = run_info(run_dir)["env_id"] if (run_dir / "args.json").is_file() else None
         summaries.append(summarize_run(run_dir, last_n.get(env_id, last_n[None])))
     rows = aggregate(summaries)

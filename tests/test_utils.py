@@ -114,6 +114,14 @@ def test_results_table_matches_hand_computed_numbers(tmp_path):
     assert (tmp_path / "out" / "ppo.csv").read_text().splitlines()[0].startswith("script,environment")
 
 
+def test_results_main_takes_a_runs_folder(tmp_path, monkeypatch):
+    # `python -m cleanrl_utils.results runs` finds the run directories below the folder.
+    make_run(tmp_path / "runs", "CartPole-v1", 1, [2.0] * 100)
+    make_run(tmp_path / "runs", "CartPole-v1", 2, [4.0] * 100)
+    results.main([str(tmp_path / "runs"), "--output", str(tmp_path / "out" / "ppo")])
+    assert "| ppo.py | CartPole-v1 | 1000 | 1 2 | 3.00 +- 1.00 |" in (tmp_path / "out" / "ppo.md").read_text()
+
+
 def test_results_rejects_a_directory_without_events(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit):
