@@ -1,0 +1,294 @@
+"""mappo.py: value normalisation and per-agent GAE against plain references, the actor's and critics'
+inputs, smoke runs on VMAS (continuous and discrete) and MPE, IPPO, bad input, checkpoints with
+SIGKILL / SIGTERM and resume (with fresh environments), and --save-model evaluation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import (
+    ROOT,
+    assert_bad_input,
+    assert_finite_keys,
+    kill_at_first_checkpoint,
+    read_scalars,
+    run_dirs,
+    run_script,
+    script_env,
+    sigterm_while_training,
+)
+
+import mappo
+
+SCRIPT = "mappo.py"
+TINY = ["--num-envs", "4", "--num-steps", "10", "--num-minibatches", "2", "--update-epochs", "2", "--hidden-size", "16"]
+LOSS_KEYS = [
+    "charts/SPS", "charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
+    "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
+]  # fmt: skip
+EPISODE_KEYS = ["charts/episodic_return", "charts/episodic_length"]
+
+
+def load(path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# --- value normalisation ----------------------------------------------------------------------------
+
+
+def test_value_norm_round_trips_and_follows_a_known_stream():
+    rng = np.random.default_rng(0)
+    beta = 0.9
+    norm = mappo.ValueNorm(beta)
+    batches = [rng.normal(5.0 * i, 1.0 + i, size=(3, 4, 2)) for i in range(6)]
+    # Reference: debiased exponential moving averages of each batch's mean and mean square.
+    weights = np.array([beta ** (len(batches) - 1 - i) * (1 - beta) for i in range(len(batches))])
+    for batch in batches:
+        norm.update(torch.tensor(batch, dtype=torch.float32))
+    means = np.array([b.mean() for b in batches], dtype=np.float64)
+    squares = np.array([np.square(b).mean() for b in batches], dtype=np.float64)
+    want_mean = (weights * means).sum() / weights.sum()
+    want_var = (weights * squares).sum() / weights.sum() - want_mean**2
+    mean, var = norm.mean_var()
+    assert mean.item() == pytest.approx(want_mean, rel=1e-5)
+    assert var.item() == pytest.approx(want_var, rel=1e-4)
+    x = torch.tensor(rng.normal(20.0, 10.0, size=(7, 3)), dtype=torch.float32)
+    y = norm.normalize(x)
+    assert y.dtype == torch.float32
+    np.testing.assert_allclose(y.numpy(), (x.double().numpy() - want_mean) / np.sqrt(want_var), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(norm.denormalize(norm.normalize(x)), x, rtol=1e-6, atol=1e-5)
+    # With MAPPO's beta (0.99999) a few updates weigh the batches equally: the plain mean and variance.
+    slow = mappo.ValueNorm()
+    for batch in batches:
+        slow.update(torch.tensor(batch))
+    mean, var = slow.mean_var()
+    assert mean.item() == pytest.approx(means.mean(), rel=1e-4)
+    assert var.item() == pytest.approx(squares.mean() - means.mean() ** 2, rel=1e-3)
+    # The statistics are buffers: they travel in state_dict (checkpoints, saved model).
+    restored = mappo.ValueNorm()
+    restored.load_state_dict(slow.state_dict())
+    assert torch.equal(restored.normalize(x), slow.normalize(x))
+
+
+def test_value_norm_before_any_update_is_finite():
+    norm = mappo.ValueNorm()
+    x = torch.tensor([1.0, -2.0])
+    assert torch.isfinite(norm.normalize(x)).all()
+    torch.testing.assert_close(norm.denormalize(norm.normalize(x)), x)
+
+
+# --- GAE per agent ------------------------------------------------------------------------------
+
+
+def reference_gae(rewards, values, next_values, terminations, truncations, gamma, lam):
+    """Plain per-environment, per-agent Python loop over time, written from the definition."""
+    num_steps, num_envs, n_agents = rewards.shape
+    advantages = np.zeros_like(rewards)
+    for env in range(num_envs):
+        for agent in range(n_agents):
+            running = 0.0
+            for t in reversed(range(num_steps)):
+                term, trunc = terminations[t][env], truncations[t][env]
+                bootstrap = 0.0 if term else gamma * next_values[t][env][agent]
+                delta = rewards[t][env][agent] + bootstrap - values[t][env][agent]
+                running = delta if (term or trunc) else delta + gamma * lam * running
+                advantages[t][env][agent] = running
+    return advantages
+
+
+def test_gae_per_agent_matches_python_loop_with_terminations_and_truncations():
+    rng = np.random.default_rng(0)
+    rewards, values, next_values = (rng.normal(size=(9, 3, 2)) for _ in range(3))
+    terminations, truncations = np.zeros((9, 3)), np.zeros((9, 3))
+    terminations[3, 0] = truncations[5, 1] = terminations[-1, 2] = truncations[-1, 0] = 1
+    expected = reference_gae(rewards, values, next_values, terminations, truncations, 0.99, 0.95)
+    t = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    got = mappo.compute_gae(t(rewards), t(values), t(next_values), t(terminations), t(truncations), 0.99, 0.95)
+    assert got.shape == (9, 3, 2)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
+    # The truncated step keeps its bootstrap, the terminated one loses it.
+    assert got[5, 1, 0].item() == pytest.approx(rewards[5, 1, 0] + 0.99 * next_values[5, 1, 0] - values[5, 1, 0], rel=1e-5)
+    assert got[3, 0, 1].item() == pytest.approx(rewards[3, 0, 1] - values[3, 0, 1], rel=1e-5)
+
+
+# --- the shared networks' inputs ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("independent", [False, True])
+def test_actor_and_critic_inputs_in_agent_order(independent):
+    n_agents, obs_dim = 3, 2
+    agent = mappo.Agent(obs_dim, n_agents, 5, continuous=False, independent=independent, hidden=8)
+    obs = torch.arange(2 * n_agents * obs_dim, dtype=torch.float32).reshape(2, n_agents, obs_dim)  # [envs, agents, obs]
+    actor_in, critic_in = agent.actor_input(obs), agent.critic_input(obs)
+    eye = torch.eye(n_agents)
+    for env in range(2):
+        for i in range(n_agents):
+            assert torch.equal(actor_in[env, i], torch.cat([obs[env, i], eye[i]]))
+            own = obs[env, i] if independent else torch.cat([obs[env, j] for j in range(n_agents)])
+            assert torch.equal(critic_in[env, i], torch.cat([own, eye[i]]))
+    assert agent.critic[0].in_features == critic_in.shape[-1]
+
+
+def test_mpe_global_state_is_mpe2_state():
+    envs = mappo.make_env("mpe/simple_spread_v3", 2, torch.device("cpu"), 0, False, None)
+    obs = envs.reset()
+    for _ in range(3):
+        obs, *_ = envs.step(torch.randint(0, envs.num_actions, (2, envs.n_agents)))
+    for index in range(2):
+        np.testing.assert_allclose(mappo.global_state(obs)[index].numpy(), envs.envs[index].state(), rtol=1e-6)
+
+
+# --- smoke runs -----------------------------------------------------------------------------------
+
+
+def smoke(workdir, *flags: str) -> tuple:
+    result = run_script(SCRIPT, *TINY, *flags, cwd=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = run_dirs(workdir)
+    return result, run_dir, read_scalars(run_dir)
+
+
+def test_smoke_vmas_navigation_continuous_with_save_model_and_evaluation(workdir):
+    # 12-step episodes: 80 steps per env finish several, and the evaluation plays 3 of them.
+    result, run_dir, scalars = smoke(workdir, "--env-id", "vmas/navigation", "--total-timesteps", "160",
+                                     "--max-episode-steps", "12", "--save-model", "--eval-episodes", "3")
+    assert "(centralised critic)" in result.stdout.splitlines()[0]
+    agents = [f"charts/episodic_return_agent{i}" for i in range(4)]  # navigation has 4 agents
+    assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS + agents + ["eval/episodic_return"])
+    assert len(scalars["losses/value_loss"]) == 4 and len(scalars["eval/episodic_return"]) == 3
+    team = scalars["charts/episodic_return"]
+    per_agent = [scalars[key] for key in agents]
+    for index, (step, value) in enumerate(team):  # the team return is the sum of the agents' returns
+        assert value == pytest.approx(sum(series[index][1] for series in per_agent), rel=1e-4, abs=1e-4)
+    assert all(length == 12 for _, length in scalars["charts/episodic_length"])
+    model = load(run_dir / "mappo.cleanrl_model")
+    assert model["args"]["critic"] == "centralised" and model["args"]["batch_size"] == 4 * 10 * 4
+    assert set(model["value_norm"]) == {"running_mean", "running_mean_sq", "debiasing_term"}
+    assert model["value_norm"]["debiasing_term"] > 0  # updated: the statistics are saved
+    evaluated = subprocess.run([sys.executable, "-m", "cleanrl_utils.evaluate", str(run_dir), "--episodes", "2"],
+                               cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "mappo.py on vmas/navigation" in evaluated.stdout and "over 2 episodes" in evaluated.stdout
+
+
+def test_smoke_vmas_balance_discrete(workdir):
+    _, run_dir, scalars = smoke(workdir, "--env-id", "vmas/balance", "--no-continuous-actions", "--total-timesteps", "120",
+                                "--max-episode-steps", "10")  # fmt: skip
+    assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS + [f"charts/episodic_return_agent{i}" for i in range(3)])
+    assert "charts/episodic_return_agent3" not in scalars
+    assert load_args(run_dir)["continuous_actions"] is False
+
+
+def test_smoke_mpe_simple_spread_discrete(workdir):
+    _, _, scalars = smoke(workdir, "--env-id", "mpe/simple_spread_v3", "--no-continuous-actions", "--total-timesteps", "120")
+    assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS + [f"charts/episodic_return_agent{i}" for i in range(3)])
+    assert all(length == 25 for _, length in scalars["charts/episodic_length"])  # MPE's default horizon
+
+
+def test_smoke_mpe_continuous_ippo(workdir):
+    result, run_dir, scalars = smoke(workdir, "--env-id", "mpe/simple_spread_v3", "--total-timesteps", "120",
+                                     "--independent", "--exp-name", "ippo")  # fmt: skip
+    assert "ippo (independent critic)" in result.stdout.splitlines()[0]
+    assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS)
+    assert "__ippo__" in run_dir.name and load_args(run_dir)["critic"] == "independent"
+
+
+def load_args(run_dir) -> dict:
+    import json
+
+    return json.loads((run_dir / "args.json").read_text())
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--env-id", "vmas/navigaton"], ["unknown --env-id 'vmas/navigaton'", "did you mean vmas/navigation", "known: vmas/balance"]),
+        (["--env-id", "mpe/simple_tag_v3"], ["unknown --env-id 'mpe/simple_tag_v3'", "mpe/simple_spread_v3"]),
+        (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "2"], ["does not divide the rollout of 15"]),
+        (["--num-envs", "0"], ["--num-envs must be positive"]),
+        (["--max-episode-steps", "0"], ["--max-episode-steps must be positive"]),
+        (["--total-timesteps", "100"], ["less than one rollout"]),
+        (["--gae-lambda", "2"], ["--gae-lambda in [0, 1]"]),
+        (["--capture-video"], ["--capture-video is not supported by mappo.py"]),
+    ],
+)
+def test_validate_rejects_bad_arguments_in_one_line(capsys, flags, fragments):
+    import tyro
+
+    args = tyro.cli(mappo.Args, args=flags)
+    with pytest.raises(SystemExit) as exit_info:
+        mappo.validate(args)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_bad_input_exits_before_any_work(workdir):
+    assert_bad_input(run_script(SCRIPT, "--env-id", "vmas/foo", cwd=workdir), workdir, "unknown --env-id 'vmas/foo'", "vmas/navigation")
+    assert_bad_input(run_script(SCRIPT, "--capture-video", cwd=workdir), workdir, "needs a display")
+
+
+@pytest.mark.skip(reason="no VMAS scenario or mpe2 task accepted here gives its agents different action spaces "
+                  "(checked for all 21 VMAS scenarios, continuous and discrete); the check in mappo.py is untested")
+def test_heterogeneous_action_spaces_are_refused():
+    pass
+
+
+# --- checkpoints, SIGTERM and resume -------------------------------------------------------------------
+
+CKPT_FLAGS = [*TINY, "--env-id", "vmas/navigation", "--max-episode-steps", "12", "--total-timesteps", "400",
+              "--checkpoint-every", "40"]  # fmt: skip
+
+
+def test_killed_run_resumes_from_its_checkpoint_with_fresh_environments(workdir):
+    run_dir = kill_at_first_checkpoint(SCRIPT, CKPT_FLAGS, workdir)
+    first = load(run_dir / "checkpoint.pt")
+    assert first["global_step"] < 400
+    assert {"agent", "optimizer", "value_norm", "episode_stats", "rng", "iteration"} <= set(first)
+    resumed = run_script(SCRIPT, *CKPT_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "freshly reset environments" in resumed.stdout
+    assert run_dirs(workdir) == [run_dir]
+    final = load(run_dir / "checkpoint.pt")
+    assert final["global_step"] == 400 and final["iteration"] == 10
+    assert final["value_norm"]["debiasing_term"] > first["value_norm"]["debiasing_term"]
+    steps = [step for step, _ in read_scalars(run_dir)["losses/value_loss"]]
+    assert steps == sorted(set(steps)) and steps[-1] == 400  # one curve, no duplicated steps
+
+
+def test_sigterm_writes_a_checkpoint_and_resume_finishes(workdir):
+    flags = [*TINY, "--env-id", "vmas/balance", "--no-continuous-actions", "--total-timesteps", "1000", "--eval-episodes", "2"]
+    _, run_dir = sigterm_while_training(SCRIPT, flags, workdir, settle=0.2)
+    checkpoint = load(run_dir / "checkpoint.pt")
+    assert 0 < checkpoint["global_step"] < 1000, "SIGTERM came after the end: raise --total-timesteps"
+    # A resume with other arguments is refused; with the original ones it continues to the end.
+    other = run_script(SCRIPT, *flags, "--gamma", "0.9", "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
+    assert other.returncode == 2 and "--gamma is 0.9" in other.stderr
+    resumed = run_script(SCRIPT, *flags, "--save-model", "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert run_dirs(workdir) == [run_dir]
+    scalars = read_scalars(run_dir)
+    assert scalars["losses/value_loss"][-1][0] == 1000 and len(scalars["eval/episodic_return"]) == 2
+
+
+def test_same_seed_gives_the_same_run(tmp_path):
+    flags = [*TINY, "--env-id", "vmas/balance", "--no-continuous-actions", "--total-timesteps", "80", "--checkpoint-every", "80"]
+    weights = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        result = run_script(SCRIPT, *flags, cwd=tmp_path / name)
+        assert result.returncode == 0, result.stderr
+        (run_dir,) = run_dirs(tmp_path / name)
+        weights.append(load(run_dir / "checkpoint.pt")["agent"])
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key

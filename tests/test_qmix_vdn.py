@@ -1,0 +1,295 @@
+"""qmix.py and vdn.py: the QMIX mixture is monotonic in every agent's Q (autograd, random states and
+weights, also after optimiser steps that drive the raw hypernetwork weights negative); VDN is the sum;
+double-Q targets against a hand computation; the replay buffer; smoke runs on MPE and VMAS with the
+TensorBoard keys read back; bad input; checkpoints, SIGTERM and resume; the saved model's evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import tyro
+
+from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
+
+import qmix
+import vdn
+
+SCRIPTS = {"qmix": "qmix.py", "vdn": "vdn.py"}
+MODULES = {"qmix": qmix, "vdn": vdn}
+KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/epsilon", "losses/td_loss", "losses/q_values"]
+# 4 worlds x 100 iterations; a gradient step every 4 steps from step 100 on.
+TINY = ["--num-envs", "4", "--total-timesteps", "400", "--learning-starts", "100", "--batch-size", "16", "--buffer-size", "500",
+        "--train-frequency", "4", "--target-network-frequency", "100", "--log-every", "5", "--hidden-dim", "16"]
+MIXER_SIZES = {"qmix": ["--mixing-embed-dim", "8", "--hypernet-embed-dim", "16"], "vdn": []}
+SMOKE_ENVS = {"mpe/simple_spread_v3": (3, []), "vmas/balance": (3, ["--max-episode-steps", "10"])}
+
+
+def tiny(algo: str) -> list[str]:
+    return TINY + MIXER_SIZES[algo]
+
+
+# --- the math -----------------------------------------------------------------------------------------
+
+
+def monotonicity_gradients(mixer: qmix.QMixer, n_agents: int, state_dim: int, samples: int, generator: torch.Generator) -> torch.Tensor:
+    """dQ_tot/dQ_a for `samples` random (state, Q) pairs, [samples, n_agents], by autograd."""
+    state = torch.randn(samples, state_dim, generator=generator) * 3
+    agent_qs = (torch.randn(samples, n_agents, generator=generator) * 10).requires_grad_()
+    q_tot = mixer(agent_qs, state)
+    assert q_tot.shape == (samples,)
+    (grads,) = torch.autograd.grad(q_tot.sum(), agent_qs)  # sample b's Q_tot depends on sample b's Qs only
+    return grads
+
+
+@pytest.mark.parametrize("n_agents, state_dim", [(3, 54), (5, 7)])
+def test_qmix_mixture_is_monotonic_for_random_states_weights_and_after_optimiser_steps(n_agents, state_dim):
+    generator = torch.Generator().manual_seed(0)
+    for init_seed in range(5):
+        torch.manual_seed(init_seed)
+        mixer = qmix.QMixer(n_agents, state_dim, embed_dim=8, hypernet_embed_dim=16)
+        assert (monotonicity_gradients(mixer, n_agents, state_dim, 2000, generator) >= 0).all()
+        # Large Adam steps towards random targets, anti-correlated with the agents' Qs: the raw hypernetwork
+        # weights move freely across zero, so without the abs some dQ_tot/dQ_a would be negative.
+        optimizer = torch.optim.Adam(mixer.parameters(), lr=0.05)
+        for _ in range(10):
+            state, agent_qs = torch.randn(64, state_dim, generator=generator), torch.randn(64, n_agents, generator=generator)
+            loss = (mixer(agent_qs, state) + 5 * agent_qs.sum(-1)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        state = torch.randn(2000, state_dim, generator=generator)
+        raw_w1 = mixer.hyper_w1(state)
+        assert (raw_w1 < 0).float().mean() > 0.2 and (mixer.hyper_w2(state) < 0).any()  # the abs has work to do
+        grads = monotonicity_gradients(mixer, n_agents, state_dim, 2000, generator)
+        assert (grads >= 0).all(), grads.min()
+        assert (grads > 0).float().mean() > 0.5  # and the check is not vacuous (not all gradients zero)
+
+
+def test_qmix_without_the_abs_would_fail_the_monotonicity_check():
+    """The check above can fail: the same mixer with abs removed has negative partial derivatives."""
+    torch.manual_seed(0)
+    mixer = qmix.QMixer(3, 6, embed_dim=8, hypernet_embed_dim=16)
+    state, agent_qs = torch.randn(500, 6), torch.randn(500, 3, requires_grad=True)
+    w1 = mixer.hyper_w1(state).unflatten(-1, (3, 8))
+    hidden = torch.nn.functional.elu((agent_qs.unsqueeze(-2) @ w1).squeeze(-2) + mixer.hyper_b1(state))
+    q_tot = (hidden * mixer.hyper_w2(state)).sum(-1) + mixer.hyper_b2(state).squeeze(-1)
+    (grads,) = torch.autograd.grad(q_tot.sum(), agent_qs)
+    assert (grads < 0).any()
+    # With the abs (the real forward), the same numbers give non-negative gradients.
+    (grads,) = torch.autograd.grad(mixer(agent_qs, state).sum(), agent_qs)
+    assert (grads >= 0).all()
+
+
+def test_qmix_mixer_handles_extra_batch_dimensions():
+    torch.manual_seed(0)
+    mixer = qmix.QMixer(3, 6, embed_dim=4, hypernet_embed_dim=8)
+    agent_qs, state = torch.randn(2, 5, 3), torch.randn(2, 5, 6)
+    torch.testing.assert_close(mixer(agent_qs, state), mixer(agent_qs.reshape(10, 3), state.reshape(10, 6)).reshape(2, 5))
+
+
+def test_vdn_mixer_is_the_sum():
+    agent_qs, state = torch.randn(100, 4), torch.randn(100, 12)
+    torch.testing.assert_close(vdn.VDNMixer()(agent_qs, state), agent_qs.sum(-1))
+    assert list(vdn.VDNMixer().parameters()) == []
+
+
+def reference_target(rewards, terminated, next_q_online, next_q_target, mix, gamma):
+    """Per transition, per agent, from the definition: argmax by the online Q, value from the target Q."""
+    targets = []
+    for b in range(len(rewards)):
+        chosen = []
+        for agent in range(len(next_q_online[b])):
+            row = next_q_online[b][agent]
+            best = max(range(len(row)), key=lambda a: row[a])
+            chosen.append(next_q_target[b][agent][best])
+        targets.append(rewards[b] + (0.0 if terminated[b] else gamma * mix(b, chosen)))
+    return targets
+
+
+def test_double_q_targets_match_a_hand_computation():
+    # Transition 0 continues, 1 terminated (no bootstrap), 2 was truncated by the time limit: it
+    # keeps its bootstrap (terminated 0; its next observation is the true final one).
+    rewards, terminated = [1.0, -2.0, 0.5], [0.0, 1.0, 0.0]
+    next_q_online = [[[0.0, 3.0, 1.0], [2.0, -1.0, 0.0]],
+                     [[5.0, 0.0, 0.0], [0.0, 0.0, 9.0]],
+                     [[0.0, 0.0, 1.0], [-5.0, -1.0, -3.0]]]  # fmt: skip
+    next_q_target = [[[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]],
+                     [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]],
+                     [[-1.0, -2.0, -3.0], [7.0, 8.0, 9.0]]]  # fmt: skip
+    t = torch.tensor
+    gamma = 0.9
+    # VDN: y0 = 1 + 0.9 * (20 + 40) = 55; y1 = -2; y2 = 0.5 + 0.9 * (-3 + 8) = 5.
+    got = vdn.double_q_target(t(rewards), t(terminated), t(next_q_online), t(next_q_target), torch.zeros(3, 6), vdn.VDNMixer(), gamma)
+    torch.testing.assert_close(got, t([55.0, -2.0, 5.0]))
+    assert reference_target(rewards, terminated, next_q_online, next_q_target, lambda b, q: sum(q), gamma) == pytest.approx([55.0, -2.0, 5.0])
+    # QMIX: the target mixer mixes the chosen target values on the next global state.
+    torch.manual_seed(0)
+    mixer, next_state = qmix.QMixer(2, 6, embed_dim=4, hypernet_embed_dim=8), torch.randn(3, 6)
+    got = qmix.double_q_target(t(rewards), t(terminated), t(next_q_online), t(next_q_target), next_state, mixer, gamma)
+    with torch.no_grad():
+        mix = lambda b, chosen: mixer(t([chosen]), next_state[b : b + 1]).item()  # noqa: E731
+        want = reference_target(rewards, terminated, next_q_online, next_q_target, mix, gamma)
+    torch.testing.assert_close(got.detach(), t(want))
+    assert got[1].item() == -2.0
+
+
+def test_replay_buffer_wraps_and_round_trips():
+    rb = qmix.ReplayBuffer(5, 2, 3, 4, torch.device("cpu"))
+    for step in range(4):  # 8 transitions into 5 rows: the last two steps overwrite rows 0, 1, 2
+        obs = torch.full((2, 3, 4), float(step)) + torch.tensor([0.0, 0.5]).view(2, 1, 1)
+        rb.add(obs, obs + 100, torch.full((2, 3), step), torch.tensor([step, -step]), torch.tensor([False, True]))
+    assert (rb.pos, rb.size) == (3, 5)
+    assert rb.obs[:, 0, 0].tolist() == [2.5, 3.0, 3.5, 1.5, 2.0] and rb.rewards[:3].tolist() == [-2.0, 3.0, -3.0]
+    assert rb.actions.dtype == torch.long and rb.actions[:, 0].tolist() == [2, 3, 3, 1, 2]
+    assert rb.terminated.tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
+    obs_b, actions_b, rewards_b, next_obs_b, terminated_b = rb.sample(64)
+    assert obs_b.shape == (64, 3, 4) and actions_b.shape == (64, 3) and torch.equal(next_obs_b, obs_b + 100)
+    copy = qmix.ReplayBuffer(5, 2, 3, 4, torch.device("cpu"))
+    copy.load_state_dict(rb.state_dict())
+    assert (copy.pos, copy.size) == (rb.pos, rb.size) and torch.equal(copy.obs, rb.obs) and torch.equal(copy.actions, rb.actions)
+
+
+def test_epsilon_greedy_is_per_agent():
+    torch.manual_seed(0)
+    q_network = qmix.QNetwork(4, 3, 5, 8)
+    obs = torch.randn(200, 3, 4)
+    greedy = q_network(obs).argmax(-1)
+    assert torch.equal(qmix.select_actions(q_network, obs, 0.0, 5), greedy)
+    mixed = qmix.select_actions(q_network, obs, 0.5, 5)
+    differs = mixed != greedy  # about 0.5 * 4/5 of the agents explore to another action, each on its own
+    assert 0.3 < differs.float().mean() < 0.5 and (differs.any(1) & ~differs.all(1)).any()
+
+
+def test_q_network_input_has_the_agent_id():
+    q_network = qmix.QNetwork(4, 3, 5, 8)
+    obs = torch.randn(7, 1, 4).expand(7, 3, 4)  # the same observation for every agent ...
+    q = q_network(obs)
+    assert q.shape == (7, 3, 5) and not torch.allclose(q[:, 0], q[:, 1])  # ... still different Q-values
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", ["qmix", "vdn"])
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--continuous-actions"], ["{algo}.py needs discrete actions; for continuous actions use maddpg.py, matd3.py or mappo.py"]),
+        (["--env-id", "vmas/navigaton"], ["unknown --env-id 'vmas/navigaton'", "did you mean vmas/navigation", "known: vmas/balance"]),
+        (["--env-id", "mpe/simple_tag_v3"], ["unknown --env-id", "mpe/simple_spread_v3"]),
+        (["--num-envs", "0"], ["--num-envs must be positive"]),
+        (["--batch-size", "-4"], ["--batch-size must be positive"]),
+        (["--buffer-size", "0"], ["--buffer-size must be positive"]),
+        (["--total-timesteps", "0"], ["--total-timesteps must be positive"]),
+        (["--total-timesteps", "1000", "--learning-starts", "1000"], ["--learning-starts must be in [0, --total-timesteps 1000)"]),
+        (["--learning-starts", "-1"], ["--learning-starts must be in"]),
+        (["--max-episode-steps", "0"], ["--max-episode-steps must be positive"]),
+        (["--batch-size", "512", "--buffer-size", "256"], ["larger than --buffer-size"]),
+        (["--capture-video"], ["--capture-video is not supported"]),
+    ],
+)
+def test_validate_rejects_bad_arguments_in_one_line(capsys, algo, flags, fragments):
+    args = tyro.cli(MODULES[algo].Args, args=flags)
+    with pytest.raises(SystemExit) as exit_info:
+        MODULES[algo].validate(args)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    for fragment in fragments:
+        assert fragment.format(algo=algo) in lines[0], lines[0]
+
+
+def test_agents_with_different_action_spaces_are_refused(capsys):
+    class Envs:
+        same_action_space = False
+
+    with pytest.raises(SystemExit):
+        qmix.check_envs(Envs(), "qmix")
+    assert "different action spaces" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algo", ["qmix", "vdn"])
+def test_bad_input_exits_before_any_work(workdir, algo):
+    assert_bad_input(run_script(SCRIPTS[algo], "--continuous-actions", cwd=workdir), workdir,
+                     f"{algo}.py needs discrete actions", "maddpg.py, matd3.py or mappo.py")  # fmt: skip
+    assert_bad_input(run_script(SCRIPTS[algo], "--env-id", "mpe/simple_spred", cwd=workdir), workdir, "unknown --env-id 'mpe/simple_spred'", "mpe/simple_spread_v3")
+
+
+# --- smoke runs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", ["qmix", "vdn"])
+@pytest.mark.parametrize("env_id", list(SMOKE_ENVS))
+def test_smoke_writes_team_and_agent_returns_and_losses(workdir, algo, env_id):
+    n_agents, extra = SMOKE_ENVS[env_id]
+    save = ["--save-model", "--eval-episodes", "2"] if env_id.startswith("mpe/") else []
+    result = run_script(SCRIPTS[algo], "--env-id", env_id, *tiny(algo), *extra, *save, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(workdir)
+    scalars = read_scalars(run_dir)
+    agent_keys = [f"charts/episodic_return_agent{i}" for i in range(n_agents)]
+    assert_finite_keys(scalars, KEYS + agent_keys)
+    assert f"charts/episodic_return_agent{n_agents}" not in scalars
+    # The team return is the sum of the agents' returns (each logged value averages the same episodes).
+    for (step, team), *agents in zip(scalars["charts/episodic_return"], *(scalars[k] for k in agent_keys)):
+        assert team == pytest.approx(sum(value for _, value in agents), rel=1e-4, abs=1e-3)
+    lengths = [value for _, value in scalars["charts/episodic_length"]]
+    if env_id.startswith("mpe/"):
+        assert all(value == 25 for value in lengths)  # MPE episodes only end at the time limit
+    else:
+        assert all(0 < value <= 10 for value in lengths)  # --max-episode-steps 10, or balance's own end
+    assert max(step for step, _ in scalars["losses/td_loss"]) == 400 and min(step for step, _ in scalars["losses/td_loss"]) > 100
+    epsilon = [value for _, value in scalars["charts/epsilon"]]
+    assert epsilon[0] > epsilon[-1] and epsilon == sorted(epsilon, reverse=True)
+    if save:
+        assert len(scalars["eval/episodic_return"]) == 2
+        from cleanrl_utils.evaluate import evaluate_model
+
+        model, returns = evaluate_model(run_dir, episodes=3, seed=5, cuda=False)  # the generic entry point
+        assert model["exp_name"] == algo and len(returns) == 3 and all(r < 0 for r in returns)  # simple_spread: distances
+
+
+# --- checkpoints, SIGTERM and resume -------------------------------------------------------------------
+
+
+def resumable(algo: str) -> list[str]:
+    return tiny(algo) + ["--total-timesteps", "600", "--checkpoint-every", "200"]
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def assert_resumed(algo: str, run_dir: Path, workdir: Path) -> None:
+    before = load(run_dir / "checkpoint.pt")
+    assert before["global_step"] < 600 and before["replay_buffer"]["size"] == min(before["global_step"], 500)
+    resumed = run_script(SCRIPTS[algo], *resumable(algo), "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming at step {before['global_step']} with freshly reset environments" in resumed.stdout
+    assert run_dirs(workdir) == [run_dir]
+    after = load(run_dir / "checkpoint.pt")
+    assert after["global_step"] == 600 and after["replay_buffer"]["size"] == 500
+    assert not torch.equal(after["q_network"]["network.0.weight"], before["q_network"]["network.0.weight"])
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, KEYS)
+    steps = [step for step, _ in scalars["losses/td_loss"]]
+    assert steps == sorted(set(steps)) and steps[-1] == 600  # one continuous curve, no duplicates
+
+
+@pytest.mark.parametrize("algo", ["qmix", "vdn"])
+def test_killed_run_resumes_from_its_checkpoint(workdir, algo):
+    run_dir = kill_at_first_checkpoint(SCRIPTS[algo], resumable(algo), workdir)
+    assert_resumed(algo, run_dir, workdir)
+
+
+def test_sigterm_writes_a_checkpoint_and_resumes(workdir):
+    _, run_dir = sigterm_while_training("qmix.py", resumable("qmix") + ["--total-timesteps", "100000"], workdir, settle=1.0)
+    checkpoint = load(run_dir / "checkpoint.pt")
+    assert 0 < checkpoint["global_step"] < 100000 and set(checkpoint) >= {"mixer", "target_mixer", "optimizer", "replay_buffer", "rng"}
+    # The other script, or other arguments, refuse the checkpoint in one line.
+    result = run_script("vdn.py", *resumable("vdn"), "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
+    assert result.returncode == 2 and "written by qmix.py, not vdn.py" in result.stderr
+    result = run_script("qmix.py", *resumable("qmix"), "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
+    assert result.returncode == 2 and "--total-timesteps is 600 but the checkpointed run used 100000" in result.stderr
