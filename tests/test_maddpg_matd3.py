@@ -1,0 +1,363 @@
+"""maddpg.py and matd3.py: the centralised critics' input in agent order on VMAS and MPE, the actor's
+joint action, target smoothing, the per-agent TD target, the twin critic and the replay buffer
+against the definitions; smoke runs on VMAS and MPE; bad input; checkpoints, resume and SIGTERM."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
+
+import maddpg
+import matd3
+
+SCRIPTS = {"maddpg": "maddpg.py", "matd3": "matd3.py"}
+MODULES = {"maddpg": maddpg, "matd3": matd3}
+CPU = torch.device("cpu")
+# Tiny runs: 4 worlds, a few hundred steps, small networks, logs every 5 vector steps.
+TINY = ["--num-envs", "4", "--buffer-size", "2000", "--batch-size", "16", "--hidden-dim", "32", "--log-every", "5",
+        "--torch-threads", "1"]  # fmt: skip
+# VMAS episodes last 100 steps by default, MPE 25: shorten VMAS's so episodes end within the run.
+SMOKE_ENVS = {"vmas/navigation": ["--max-episode-steps", "20"], "mpe/simple_spread_v3": []}
+COMMON_KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+               "losses/qf1_values", "losses/qf1_loss", "losses/actor_loss", "eval/episodic_return"]  # fmt: skip
+KEYS = {"maddpg": COMMON_KEYS, "matd3": COMMON_KEYS + ["losses/qf2_values", "losses/qf2_loss", "losses/qf_loss"]}
+
+
+# --- the centralised critics' input, on both simulators --------------------------------------------
+
+
+def hand_built_critic_input(obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """Row i of env b: obs of agent 0, obs of agent 1, ..., action of agent 0, ..., one-hot i."""
+    num_envs, n_agents = obs.shape[:2]
+    rows = []
+    for b in range(num_envs):
+        for i in range(n_agents):
+            parts = [obs[b, j] for j in range(n_agents)] + [actions[b, j] for j in range(n_agents)]
+            parts.append(F.one_hot(torch.tensor(i), n_agents).float())
+            rows.append(torch.cat(parts))
+    return torch.stack(rows).reshape(num_envs, n_agents, -1)
+
+
+def make_sim(module, env_id: str):
+    """Each script's own copy of the simulator class, built directly."""
+    family, name = env_id.split("/")
+    cls = module.VMASVecEnv if family == "vmas" else module.MPEVecEnv
+    return cls(name, 3, CPU, seed=0, continuous_actions=True, max_episode_steps=25)
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+@pytest.mark.parametrize("env_id", ["vmas/navigation", "mpe/simple_spread_v3"])
+def test_critic_input_is_observations_then_actions_in_agent_order(algo, env_id):
+    module = MODULES[algo]
+    envs = make_sim(module, env_id)
+    obs = envs.reset()
+    obs, *_ = envs.step(module.random_actions((3, envs.n_agents), envs.action_low, envs.action_high))
+    n_agents, obs_dim, act_dim = envs.n_agents, envs.obs_dim, envs.act_dim
+    assert n_agents > 2 and obs.shape == (3, n_agents, obs_dim)
+    assert not torch.equal(obs[:, 0], obs[:, 1])  # agents see different things, so a swap would show
+    # Known actions: agent j's action is (100 j + env, 100 j + env + 0.5, ...).
+    actions = (100.0 * torch.arange(n_agents)[None, :, None] + torch.arange(3.0)[:, None, None]
+               + 0.5 * torch.arange(act_dim)[None, None, :])  # fmt: skip
+    x = module.critic_input(obs, actions)
+    assert x.shape == (3, n_agents, n_agents * (obs_dim + act_dim) + n_agents)
+    torch.testing.assert_close(x, hand_built_critic_input(obs, actions), rtol=0, atol=0)
+    # Block by block, for agent 1's row of env 2.
+    row = x[2, 1]
+    for j in range(n_agents):
+        assert torch.equal(row[j * obs_dim : (j + 1) * obs_dim], obs[2, j])
+        assert torch.equal(row[n_agents * obs_dim + j * act_dim : n_agents * obs_dim + (j + 1) * act_dim], actions[2, j])
+    assert row[-n_agents:].tolist() == [0.0, 1.0] + [0.0] * (n_agents - 2)
+    if env_id.startswith("mpe"):
+        # The observations' part is mpe2's own global state, agent by agent.
+        for b, env in enumerate(envs.envs):
+            np.testing.assert_array_equal(module.global_state(obs)[b].numpy(), env.state())
+    envs.close()
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+def test_actor_update_replaces_only_the_own_action(algo):
+    module = MODULES[algo]
+    torch.manual_seed(0)
+    batch, n_agents, act_dim = 5, 3, 2
+    buffer_actions = torch.randn(batch, n_agents, act_dim)
+    policy_actions = torch.randn(batch, n_agents, act_dim, requires_grad=True)
+    joint = module.replace_own_action(buffer_actions, policy_actions)
+    assert joint.shape == (batch, n_agents, n_agents, act_dim)
+    for i in range(n_agents):
+        for j in range(n_agents):
+            expected = policy_actions[:, j] if i == j else buffer_actions[:, j]
+            assert torch.equal(joint[:, i, j], expected)
+    # Agent i's critic passes gradient to agent i's policy action only.
+    joint[:, 1].sum().backward()
+    assert policy_actions.grad[:, 1].abs().sum() > 0
+    assert policy_actions.grad[:, [0, 2]].abs().sum() == 0
+    # The critic input of row i holds row i's joint action.
+    obs = torch.randn(batch, n_agents, 4)
+    x = module.critic_input(obs, joint.detach())
+    for i in range(n_agents):
+        torch.testing.assert_close(x[:, i], module.critic_input(obs, joint[:, i].detach())[:, i], rtol=0, atol=0)
+
+
+def test_shared_actor_takes_the_agent_id_and_scales_to_the_bounds():
+    torch.manual_seed(0)
+    low, high = torch.tensor([0.0, -2.0]), torch.tensor([1.0, 2.0])  # MPE-like and VMAS-like dimensions
+    actor = maddpg.Actor(4, 3, low, high, hidden_dim=16)
+    obs = torch.randn(7, 1, 4).expand(7, 3, 4)  # three agents seeing the same thing
+    actions = actor(obs)
+    assert actions.shape == (7, 3, 2) and (actions >= low).all() and (actions <= high).all()
+    assert not torch.allclose(actions[:, 0], actions[:, 1])  # the id tells them apart
+    with torch.no_grad():
+        actor.fc_mu.bias.fill_(100.0)
+        assert torch.allclose(actor(obs), high.expand(7, 3, 2))
+        actor.fc_mu.bias.fill_(-100.0)
+        assert torch.allclose(actor(obs), low.expand(7, 3, 2))
+
+
+# --- the maths ------------------------------------------------------------------------------------
+
+
+def test_matd3_smoothing_noise_stays_within_its_clip_and_the_bounds():
+    torch.manual_seed(0)
+    low, high = torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 1.0])  # VMAS u_range 1 and MPE's [0, 1]
+    scale = (high - low) / 2
+    middle = ((low + high) / 2).expand(20_000, 3, 2)
+    smoothed = matd3.smooth_target_actions(middle, scale, low, high, policy_noise=1.0, noise_clip=0.5)
+    noise = (smoothed - middle) / scale
+    assert noise.abs().max() <= 0.5 + 1e-6
+    assert (noise.abs() > 0.5 - 1e-6).float().mean() > 0.5  # a wide noise piles up at the clip
+    assert ((noise > 0) & (noise < 0.4)).any() and ((noise < 0) & (noise > -0.4)).any()
+    narrow = (matd3.smooth_target_actions(middle, scale, low, high, policy_noise=0.2, noise_clip=0.5) - middle) / scale
+    np.testing.assert_allclose(narrow.reshape(-1, 2).std(0).numpy(), [0.2, 0.2], rtol=0.04)
+    for edge in (low, high):
+        smoothed = matd3.smooth_target_actions(edge.expand(20_000, 3, 2), scale, low, high, policy_noise=1.0, noise_clip=0.5)
+        assert (smoothed >= low).all() and (smoothed <= high).all()
+        assert (smoothed == edge).float().mean() > 0.45  # half of the draws push out and are clipped back
+    assert torch.equal(matd3.smooth_target_actions(middle, scale, low, high, policy_noise=0.2, noise_clip=0.0), middle)
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+def test_exploration_noise_and_random_actions_respect_the_bounds(algo):
+    module = MODULES[algo]
+    torch.manual_seed(0)
+    low, high = torch.tensor([0.0, -1.0]), torch.tensor([1.0, 1.0])
+    uniform = module.random_actions((5000, 3), low, high)
+    assert uniform.shape == (5000, 3, 2) and (uniform >= low).all() and (uniform <= high).all()
+    np.testing.assert_allclose(uniform.reshape(-1, 2).mean(0).numpy(), [0.5, 0.0], atol=0.02)
+    at_top = module.add_exploration_noise(high.expand(5000, 3, 2), (high - low) / 2, low, high, 0.1)
+    assert (at_top <= high).all() and (at_top >= low).all() and (at_top == high).float().mean() > 0.4
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+def test_td_target_is_per_agent_and_cut_only_at_terminations(algo):
+    rewards = torch.tensor([[1.0, 2.0], [0.5, -0.5], [3.0, 4.0]])
+    next_q = torch.tensor([[10.0, 20.0], [30.0, 40.0], [50.0, 60.0]])
+    terminations = torch.tensor([1.0, 0.0, 0.0])  # world 1: truncated (stored as not terminated) or mid-episode
+    got = MODULES[algo].td_target(rewards, next_q, terminations, 0.5)
+    assert got.tolist() == [[1.0, 2.0], [15.5, 19.5], [28.0, 34.0]]
+
+
+def test_twin_critic_is_two_independent_mlps_on_the_critic_input():
+    torch.manual_seed(0)
+    critic = matd3.TwinCritic(obs_dim=4, act_dim=2, n_agents=3, hidden_dim=16)
+    obs, actions = torch.randn(5, 3, 4), torch.randn(5, 3, 2, requires_grad=True)
+    q = critic(obs, actions)
+    assert q.shape == (2, 5, 3)
+    x = matd3.critic_input(obs, actions)
+    for k in range(2):
+        h = F.relu(x @ critic.w1[k] + critic.b1[k])
+        h = F.relu(h @ critic.w2[k] + critic.b2[k])
+        torch.testing.assert_close(q[k], (h @ critic.w3[k].T + critic.b3[k]).squeeze(-1))
+    assert not torch.equal(q[0], q[1])
+    q1 = critic(obs, actions, num_critics=1, frozen=True)
+    torch.testing.assert_close(q1, q[:1])
+    q1.sum().backward()
+    assert actions.grad.abs().sum() > 0 and all(p.grad is None for p in critic.parameters())
+
+
+def test_maddpg_critic_is_an_mlp_on_the_critic_input():
+    torch.manual_seed(0)
+    critic = maddpg.QNetwork(obs_dim=4, act_dim=2, n_agents=3, hidden_dim=16)
+    obs, actions = torch.randn(5, 3, 4), torch.randn(5, 3, 2, requires_grad=True)
+    q = critic(obs, actions, frozen=True)
+    x = maddpg.critic_input(obs, actions)
+    torch.testing.assert_close(q, critic.fc3(F.relu(critic.fc2(F.relu(critic.fc1(x))))).squeeze(-1))
+    q.sum().backward()
+    assert actions.grad.abs().sum() > 0 and all(p.grad is None for p in critic.parameters())
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+def test_buffer_stores_the_true_final_observation_and_wraps_around(algo):
+    module = MODULES[algo]
+    envs = module.make_env("vmas/navigation", 2, CPU, seed=0, continuous_actions=True, max_episode_steps=3)
+    rb = module.ReplayBuffer(5, envs.n_agents, envs.obs_dim, envs.act_dim, CPU)
+    obs = envs.reset()
+    seen = []
+    for t in range(4):  # 8 transitions into 5 slots
+        actions = torch.full((2, envs.n_agents, envs.act_dim), 0.1 * (t + 1))
+        next_obs, rewards, terminated, truncated, final_obs, info = envs.step(actions)
+        rb.add(obs, actions, rewards, terminated, final_obs)
+        seen.append((obs, actions, rewards, final_obs, next_obs, truncated))
+        obs = next_obs
+    assert rb.size == 5 and rb.pos == 3
+    # The third step truncates both worlds: the buffer keeps the true final observation, not the
+    # reset one, and no termination (a truncation bootstraps).
+    obs2, actions2, rewards2, final_obs2, next_obs2, truncated2 = seen[2]
+    assert truncated2.all() and not torch.allclose(final_obs2, next_obs2)
+    assert torch.equal(rb.next_obs[4], final_obs2[0]) and torch.equal(rb.next_obs[0], final_obs2[1])  # slot 5 wrapped to 0
+    assert rb.terminations[[4, 0]].eq(0).all()
+    assert torch.equal(rb.obs[4], obs2[0]) and torch.equal(rb.actions[0], actions2[1]) and torch.equal(rb.rewards[0], rewards2[1])
+    # The fourth step (slots 1, 2) starts from the reset observation.
+    assert torch.equal(rb.obs[1], next_obs2[0]) and torch.equal(rb.actions[2], seen[3][1][1])
+    batch = rb.sample(64)
+    assert [tuple(t.shape) for t in batch] == [(64, 4, 18), (64, 4, 2), (64, 4), (64,), (64, 4, 18)]
+    restored = module.ReplayBuffer(5, envs.n_agents, envs.obs_dim, envs.act_dim, CPU)
+    restored.load_state_dict(rb.state_dict())
+    assert restored.pos == rb.pos and all(torch.equal(a, b) for a, b in zip(restored.fields().values(), rb.fields().values()))
+
+
+# --- bad input --------------------------------------------------------------------------------------
+
+
+def validation_error(module, **overrides) -> str:
+    stderr = io.StringIO()
+    with redirect_stderr(stderr), pytest.raises(SystemExit) as exit_info:
+        module.validate(module.Args(**overrides))
+    assert exit_info.value.code != 0
+    lines = stderr.getvalue().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+@pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        ({"continuous_actions": False}, ["needs continuous actions", "qmix.py, vdn.py or mappo.py"]),
+        ({"env_id": "vmas/navigaton"}, ["unknown --env-id 'vmas/navigaton'", "vmas/navigation", "mpe/simple_spread_v3"]),
+        ({"env_id": "mpe/simple_tag_v3"}, ["unknown --env-id", "known: vmas/balance"]),
+        ({"total_timesteps": 0}, ["--total-timesteps must be positive"]),
+        ({"num_envs": 0}, ["--num-envs must be positive"]),
+        ({"batch_size": -4}, ["--batch-size must be positive"]),
+        ({"buffer_size": 0}, ["--buffer-size must be positive"]),
+        ({"gradient_steps": 0}, ["--gradient-steps must be positive"]),
+        ({"max_episode_steps": 0}, ["--max-episode-steps must be positive"]),
+        ({"learning_starts": -1}, ["--learning-starts must be 0 or positive"]),
+        ({"total_timesteps": 5000}, ["--learning-starts 10000 is not below --total-timesteps 5000"]),
+        ({"buffer_size": 100, "batch_size": 256}, ["--batch-size 256 is larger than --buffer-size 100"]),
+        ({"tau": 0.0}, ["--tau"]),
+        ({"exploration_noise": -0.1}, ["--exploration-noise must be 0 or positive"]),
+        ({"capture_video": True}, ["--capture-video is not supported", "display"]),
+    ],
+)
+def test_validate_rejects_bad_input_in_one_line(algo, overrides, fragments):
+    message = validation_error(MODULES[algo], **overrides)
+    assert f"{algo}.py" in message or "--" in message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+@pytest.mark.parametrize("overrides, fragment", [({"policy_frequency": 0}, "--policy-frequency must be positive"),
+                                                 ({"noise_clip": -0.1}, "--noise-clip must be 0 or positive"),
+                                                 ({"policy_noise": float("nan")}, "--policy-noise must be 0 or positive")])  # fmt: skip
+def test_matd3_rejects_bad_noise_and_delay(overrides, fragment):
+    assert fragment in validation_error(matd3, **overrides)
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+def test_agents_with_different_action_spaces_are_rejected(algo):
+    from gymnasium.spaces import Box
+
+    envs = SimpleNamespace(same_action_space=True, action_spaces=[Box(-1, 1, (2,)), Box(-2, 2, (2,))])
+    stderr = io.StringIO()
+    with redirect_stderr(stderr), pytest.raises(SystemExit):
+        MODULES[algo].check_action_spaces(envs, f"{algo}.py")
+    assert "different action spaces" in stderr.getvalue() and len(stderr.getvalue().splitlines()) == 1
+    MODULES[algo].check_action_spaces(SimpleNamespace(same_action_space=True, action_spaces=[Box(-1, 1, (2,))] * 2), f"{algo}.py")
+
+
+@pytest.mark.parametrize(
+    "algo, flags, fragments",
+    [("maddpg", ["--no-continuous-actions"], ["maddpg.py needs continuous actions; for discrete actions use qmix.py, vdn.py or mappo.py"]),
+     ("matd3", ["--env-id", "mpe/simple_spred_v3", "--resume", "missing/checkpoint.pt"], ["unknown --env-id", "mpe/simple_spread_v3"])],
+)  # fmt: skip
+# (The other cases go through validate() above: the command line adds only tyro's parsing, checked here.)
+def test_bad_input_on_the_command_line_fails_before_any_work(workdir, algo, flags, fragments):
+    assert_bad_input(run_script(SCRIPTS[algo], *flags, cwd=workdir), workdir, *fragments)
+
+
+# --- smoke runs, checkpoints, resume, SIGTERM ---------------------------------------------------------
+
+
+def smoke_flags(env_id: str, steps: int = 400) -> list[str]:
+    return ["--env-id", env_id, *SMOKE_ENVS[env_id], *TINY, "--total-timesteps", str(steps), "--learning-starts", "100",
+            "--save-model", "--eval-episodes", "2", "--checkpoint-every", "200"]  # fmt: skip
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+@pytest.mark.parametrize("env_id", ["vmas/navigation", "mpe/simple_spread_v3"])
+def test_smoke_writes_team_and_agent_returns_and_evaluates_the_saved_model(workdir, algo, env_id):
+    result = run_script(SCRIPTS[algo], *smoke_flags(env_id), cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(workdir)
+    scalars = read_scalars(run_dir)
+    n_agents = 4 if env_id == "vmas/navigation" else 3
+    agent_keys = [f"charts/episodic_return_agent{i}" for i in range(n_agents)]
+    assert_finite_keys(scalars, KEYS[algo] + agent_keys)
+    assert f"charts/episodic_return_agent{n_agents}" not in scalars
+    assert algo == "matd3" or "losses/qf2_loss" not in scalars
+    # The team return is the sum of the agents' returns, logged at the same steps.
+    for (step, team), *agents in zip(scalars["charts/episodic_return"], *(scalars[k] for k in agent_keys)):
+        assert all(s == step for s, _ in agents) and team == pytest.approx(sum(v for _, v in agents), rel=1e-4, abs=1e-4)
+    lengths = [v for _, v in scalars["charts/episodic_length"]]
+    assert max(lengths) <= 20 if env_id == "vmas/navigation" else set(lengths) == {25.0}  # MPE episodes never terminate
+    assert len(scalars["eval/episodic_return"]) == 2
+    assert (run_dir / f"{algo}.cleanrl_model").is_file() and (run_dir / "checkpoint.pt").is_file()
+    assert "400/400 steps" in result.stdout
+    # The saved model evaluates deterministically through the project's entry point too.
+    from cleanrl_utils.evaluate import evaluate_model
+
+    first = evaluate_model(run_dir, episodes=3, seed=5, cuda=False)[1]
+    assert len(first) == 3 and first == evaluate_model(run_dir, episodes=3, seed=5, cuda=False)[1]
+
+
+@pytest.mark.parametrize("algo, env_id", [("maddpg", "vmas/navigation"), ("matd3", "mpe/simple_spread_v3")])
+def test_sigkill_then_resume_continues_the_run_with_fresh_environments(workdir, algo, env_id):
+    flags = smoke_flags(env_id, steps=600)
+    run_dir = kill_at_first_checkpoint(SCRIPTS[algo], flags, workdir)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert 200 <= checkpoint["global_step"] < 600 and checkpoint["replay_buffer"]["size"] == checkpoint["global_step"]
+    for key in ("actor", "critic", "target_actor", "target_critic", "actor_optimizer", "critic_optimizer", "episode_stats", "rng"):
+        assert checkpoint[key] is not None, key
+    resumed = run_script(SCRIPTS[algo], *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming with freshly reset environments" in resumed.stdout
+    assert run_dirs(workdir) == [run_dir], "resume must continue the same run directory"
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, KEYS[algo])
+    steps = [step for step, _ in scalars["charts/SPS"]]
+    assert steps == sorted(steps) and steps[-1] == 600  # one curve, continued
+    final = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert final["global_step"] == 600 and final["replay_buffer"]["size"] == 600
+
+
+def test_sigterm_writes_a_checkpoint_that_the_other_script_refuses(tmp_path):
+    workdir = tmp_path / "matd3"
+    workdir.mkdir()
+    flags = ["--env-id", "vmas/navigation", *TINY, "--learning-starts", "100", "--total-timesteps", "10000000"]
+    _, run_dir = sigterm_while_training(SCRIPTS["matd3"], flags, workdir, settle=1.0)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert 0 < checkpoint["global_step"] < 10_000_000
+    assert checkpoint["replay_buffer"]["size"] == min(checkpoint["global_step"], 2000)
+    other = tmp_path / "maddpg"
+    other.mkdir()
+    assert_bad_input(run_script(SCRIPTS["maddpg"], *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=other),
+                     other, "written by matd3.py, not maddpg.py")  # fmt: skip
