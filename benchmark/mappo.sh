@@ -23,4 +23,5 @@ done
 runs=(runs/vmas-{navigation,balance}__{mappo,ippo,random_policy}__*)
 # One logged return per 12,800-step iteration (the mean over the episodes that ended in it): score the last 5 (64k steps).
 uv run python -m cleanrl_utils.results "${runs[@]}" --last-episodes 5 --output benchmark/results/mappo
+echo "Rows: ippo.py is \`mappo.py --independent --exp-name ippo\` (IPPO); random_policy.py is benchmark/random_policy.py (uniform random actions, same environment section, 256 worlds). Budget: 300k environment steps (the curves are still rising on vmas/balance)." >> benchmark/results/mappo.md
 uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/mappo.png
