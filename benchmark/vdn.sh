@@ -22,4 +22,5 @@ done
 runs=(runs/mpe-simple_spread_v3__vdn__* runs/mpe-simple_spread_v3__random_policy__*)
 # One logged return per 100 vector steps (1,600 env steps, 64 episodes): score the last 5 (the last 8k steps).
 uv run python -m cleanrl_utils.results "${runs[@]}" --last-episodes 5 --output benchmark/results/vdn
+echo "Rows: random_policy.py is benchmark/random_policy.py (uniform random discrete actions through the same environment section, 16 copies, scored the same way)." >> benchmark/results/vdn.md
 uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/vdn.png
