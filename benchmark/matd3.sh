@@ -26,4 +26,5 @@ done
 runs=(runs/vmas-navigation__matd3__* runs/vmas-navigation__random_matd3__*)
 # One logged return per --log-every 10 vector steps in which episodes ended (the mean over them): score the last 10.
 uv run python -m cleanrl_utils.results "${runs[@]}" --last-episodes 10 --output benchmark/results/matd3
+echo "Rows: random_matd3.py is benchmark/random_policy.py --exp-name random_matd3 (uniform random continuous actions through the same environment section, 128 worlds, scored the same way). Tuned flags (the script defaults are BenchMARL/TD3-like): 128 worlds, 4 gradient steps per vector step, 128-wide networks, learning rates 1e-3, gamma 0.95." >> benchmark/results/matd3.md
 uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/matd3.png
