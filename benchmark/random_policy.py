@@ -23,7 +23,8 @@ import numpy as np
 import torch
 import tyro
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 from cleanrl_utils.errors import fail  # noqa: E402
 from cleanrl_utils.run import Run  # noqa: E402
 
@@ -73,6 +74,8 @@ def random_actions(env, generator: torch.Generator) -> torch.Tensor:
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    if not Path(args.script).is_file() and (ROOT / args.script).is_file():
+        args.script = str(ROOT / args.script)  # a path relative to the repository, run from elsewhere
     if not Path(args.script).is_file():
         fail(f"--script {args.script} does not exist")
     if args.num_envs <= 0 or args.total_timesteps < args.num_envs or args.log_every <= 0:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -125,3 +127,28 @@ def test_unknown_env_id_lists_the_known_ones(section):
     message = section.check_env_id("vmas/navigaton")
     assert "vmas/navigation" in message and "mpe/simple_spread_v3" in message
     assert section.check_env_id("mpe/simple_spread_v3") is None
+
+
+def test_random_policy_baseline_is_logged_like_a_run(workdir):
+    # benchmark/random_policy.py: the baseline row of the multi-agent benchmark tables.
+    from conftest import ROOT, read_scalars, run_dirs, script_env
+    from cleanrl_utils import results
+
+    tool = [sys.executable, str(ROOT / "benchmark" / "random_policy.py")]
+    flags = ["--script", "cleanrl/qmix.py", "--env-id", "mpe/simple_spread_v3", "--no-continuous-actions",
+             "--num-envs", "4", "--total-timesteps", "400", "--log-every", "25", "--seed", "3"]  # fmt: skip
+    finished = subprocess.run(tool + flags, cwd=workdir, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    (run_dir,) = run_dirs(workdir)
+    assert run_dir.name.startswith("mpe-simple_spread_v3__random_policy__3__")
+    scalars = read_scalars(run_dir)
+    team = np.array([value for _, value in scalars["charts/episodic_return"]])
+    agents = np.array([[value for _, value in scalars[f"charts/episodic_return_agent{i}"]] for i in range(3)])
+    assert len(team) == 4 and np.allclose(team, agents.sum(0), atol=1e-4)  # 100 vector steps, one log per 25
+    assert all(value == 25 for _, value in scalars["charts/episodic_length"])
+    summary = results.summarize_run(run_dir, last_n=4)
+    assert summary.exp_name == "random_policy" and summary.score == pytest.approx(team.mean(), rel=1e-5)
+
+    unknown = subprocess.run(tool + ["--env-id", "mpe/simple_sprad"], cwd=workdir, env=script_env(), capture_output=True, text=True, timeout=120)
+    assert unknown.returncode != 0 and "unknown --env-id" in unknown.stderr and "mpe/simple_spread_v3" in unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1 and len(run_dirs(workdir)) == 1
