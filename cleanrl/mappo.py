@@ -375,6 +375,16 @@ def validate(args: Args) -> None:
     args.critic = "independent" if args.independent else "centralised"
 
 
+def check_action_spaces(envs, env_id: str) -> None:
+    """One policy is shared by all agents, so they need one action space (with the same bounds); fail in one line otherwise."""
+    first = envs.action_spaces[0]
+    same_bounds = all(np.array_equal(getattr(space, "low", None), getattr(first, "low", None))
+                      and np.array_equal(getattr(space, "high", None), getattr(first, "high", None)) for space in envs.action_spaces)  # fmt: skip
+    if not envs.same_action_space or not same_bounds:
+        fail(f"{env_id}: the agents have different action spaces ({', '.join(map(str, envs.action_spaces))}); "
+             "mappo.py shares one policy across agents and needs one action space")  # fmt: skip
+
+
 # --- the agent ---------------------------------------------------------------------------------------
 
 
@@ -555,9 +565,7 @@ if __name__ == "__main__":
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     envs = make_env(args.env_id, args.num_envs, device, args.seed, args.continuous_actions, args.max_episode_steps)
-    if not envs.same_action_space:
-        fail(f"{args.env_id}: the agents have different action spaces ({', '.join(sorted(set(map(str, envs.action_spaces))))}); "
-             "mappo.py shares one policy across agents and needs one action space")  # fmt: skip
+    check_action_spaces(envs, args.env_id)
     n_agents, obs_dim = envs.n_agents, envs.obs_dim
     args.batch_size = args.num_envs * args.num_steps * n_agents
     args.minibatch_size = args.batch_size // args.num_minibatches
