@@ -80,7 +80,11 @@ if __name__ == "__main__":
         fail(f"--script {args.script} does not exist")
     if args.num_envs <= 0 or args.total_timesteps < args.num_envs or args.log_every <= 0:
         fail("--num-envs and --log-every must be positive and --total-timesteps at least --num-envs")
+    if args.max_episode_steps is not None and args.max_episode_steps <= 0:
+        fail(f"--max-episode-steps must be positive, got {args.max_episode_steps}")
     section = load_env_section(args.script)
+    if not all(hasattr(section, name) for name in ("check_env_id", "make_env", "VMASVecEnv", "MPEVecEnv")):
+        fail(f"--script {args.script} has no multi-agent environment section (use mappo.py, qmix.py, vdn.py, maddpg.py or matd3.py)")
     if (message := section.check_env_id(args.env_id)) is not None:
         fail(message)
     random.seed(args.seed)

@@ -152,3 +152,8 @@ def test_random_policy_baseline_is_logged_like_a_run(workdir):
     unknown = subprocess.run(tool + ["--env-id", "mpe/simple_sprad"], cwd=workdir, env=script_env(), capture_output=True, text=True, timeout=120)
     assert unknown.returncode != 0 and "unknown --env-id" in unknown.stderr and "mpe/simple_spread_v3" in unknown.stderr
     assert len(unknown.stderr.strip().splitlines()) == 1 and len(run_dirs(workdir)) == 1
+    for bad, message in [(["--script", "cleanrl/ppo.py"], "no multi-agent environment section"),
+                         (["--max-episode-steps", "0"], "--max-episode-steps must be positive")]:
+        refused = subprocess.run(tool + bad, cwd=workdir, env=script_env(), capture_output=True, text=True, timeout=120)
+        assert refused.returncode != 0 and message in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    assert len(run_dirs(workdir)) == 1
