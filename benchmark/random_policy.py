@@ -84,14 +84,18 @@ if __name__ == "__main__":
         fail(f"--max-episode-steps must be positive, got {args.max_episode_steps}")
     section = load_env_section(args.script)
     if not all(hasattr(section, name) for name in ("check_env_id", "make_env", "VMASVecEnv", "MPEVecEnv")):
-        fail(f"--script {args.script} has no multi-agent environment section (use mappo.py, qmix.py, vdn.py, maddpg.py or matd3.py)")
+        fail(
+            f"--script {args.script} has no multi-agent environment section (use mappo.py, qmix.py, vdn.py, maddpg.py or matd3.py)"
+        )
     if (message := section.check_env_id(args.env_id)) is not None:
         fail(message)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     device = torch.device("cpu")
-    env = section.make_env(args.env_id, args.num_envs, device, args.seed, args.continuous_actions, args.max_episode_steps)
+    env = section.make_env(
+        args.env_id, args.num_envs, device, args.seed, args.continuous_actions, args.max_episode_steps
+    )
     generator = torch.Generator(device=device).manual_seed(args.seed)
     run = Run(args)
     env.reset()
@@ -108,7 +112,9 @@ if __name__ == "__main__":
             global_step = step * args.num_envs
             run.writer.add_scalar("charts/episodic_return", (return_sum.sum() / finished).item(), global_step)
             for agent in range(env.n_agents):
-                run.writer.add_scalar(f"charts/episodic_return_agent{agent}", (return_sum[agent] / finished).item(), global_step)
+                run.writer.add_scalar(
+                    f"charts/episodic_return_agent{agent}", (return_sum[agent] / finished).item(), global_step
+                )
             run.writer.add_scalar("charts/episodic_length", (length_sum / finished).item(), global_step)
             return_sum.zero_(), length_sum.zero_(), finished.zero_()
     env.close()

@@ -137,9 +137,15 @@ def register_env_family(env_id: str) -> None:
 
 def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
-    check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs, buffer_size=args.buffer_size,
-                   batch_size=args.batch_size, policy_frequency=args.policy_frequency, learning_rate=args.learning_rate,
-                   eval_episodes=args.eval_episodes)
+    check_positive(
+        total_timesteps=args.total_timesteps,
+        num_envs=args.num_envs,
+        buffer_size=args.buffer_size,
+        batch_size=args.batch_size,
+        policy_frequency=args.policy_frequency,
+        learning_rate=args.learning_rate,
+        eval_episodes=args.eval_episodes,
+    )
     if args.checkpoint_every < 0:
         fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
     if args.torch_threads < 0:
@@ -147,16 +153,22 @@ def validate(args: Args) -> None:
     if args.learning_starts < 0:
         fail(f"--learning-starts must be 0 or positive, got {args.learning_starts}")
     if args.learning_starts >= args.total_timesteps:
-        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: "
-             f"nothing would be learned; lower --learning-starts")
+        fail(
+            f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: "
+            f"nothing would be learned; lower --learning-starts"
+        )
     if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
         fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
     if not args.exploration_noise >= 0:
         fail(f"--exploration-noise must be 0 or positive, got {args.exploration_noise}")
     if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch")
+        fail(
+            f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch"
+        )
     if args.num_envs > args.buffer_size:
-        fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself")
+        fail(
+            f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself"
+        )
     register_env_family(args.env_id)
     check_env_id(args.env_id)
     try:
@@ -172,9 +184,13 @@ def validate(args: Args) -> None:
         fail(f"ddpg_continuous_action.py needs a one-dimensional Box action space but {args.env_id} has {action_space}")
     if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
         fail(f"ddpg_continuous_action.py scales actions to finite bounds but {args.env_id} has {action_space}")
-    observation_spaces = observation_space.spaces.values() if isinstance(observation_space, gym.spaces.Dict) else [observation_space]
+    observation_spaces = (
+        observation_space.spaces.values() if isinstance(observation_space, gym.spaces.Dict) else [observation_space]
+    )
     if not all(isinstance(space, gym.spaces.Box) for space in observation_spaces):
-        fail(f"ddpg_continuous_action.py needs Box observations (or a Dict of them) but {args.env_id} has {observation_space}")
+        fail(
+            f"ddpg_continuous_action.py needs Box observations (or a Dict of them) but {args.env_id} has {observation_space}"
+        )
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: Path | None):
@@ -227,7 +243,9 @@ class Actor(nn.Module):
         # a module call per layer, which costs more than the matrix products at small batches.
         x = F.relu(F.linear(obs, self.fc1.weight, self.fc1.bias))
         x = F.relu(F.linear(x, self.fc2.weight, self.fc2.bias))
-        return scale_action(torch.tanh(F.linear(x, self.fc_mu.weight, self.fc_mu.bias)), self.action_scale, self.action_bias)
+        return scale_action(
+            torch.tanh(F.linear(x, self.fc_mu.weight, self.fc_mu.bias)), self.action_scale, self.action_bias
+        )
 
 
 class QNetwork(nn.Module):
@@ -269,8 +287,15 @@ class ReplayBuffer:
         self.staging_tensor = torch.from_numpy(self.staging)  # shares the staging memory
         self.pos, self.size = 0, 0
 
-    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-            terminations: np.ndarray, infos: dict) -> None:
+    def add(
+        self,
+        obs: np.ndarray,
+        next_obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        terminations: np.ndarray,
+        infos: dict,
+    ) -> None:
         """Store one step of every environment, as returned by a SAME_STEP vector env."""
         d, a, n = self.obs_dim, self.action_dim, len(obs)
         rows = self.staging
@@ -299,7 +324,13 @@ class ReplayBuffer:
         indices = torch.randint(self.size, (batch_size,), device=self.data.device)
         batch = torch.index_select(self.data, 0, indices)
         d, a = self.obs_dim, self.action_dim
-        return batch[:, :d], batch[:, 2 * d : 2 * d + a], batch[:, d : 2 * d], batch[:, 2 * d + a], batch[:, 2 * d + a + 1]
+        return (
+            batch[:, :d],
+            batch[:, 2 * d : 2 * d + a],
+            batch[:, d : 2 * d],
+            batch[:, 2 * d + a],
+            batch[:, 2 * d + a + 1],
+        )
 
     def state_dict(self) -> dict:
         return {"data": self.data[: self.size].cpu(), "pos": self.pos, "size": self.size}
@@ -314,8 +345,9 @@ def random_actions(num_envs: int, low: torch.Tensor, high: torch.Tensor) -> torc
     return low + (high - low) * torch.rand((num_envs, len(low)), device=low.device)
 
 
-def add_exploration_noise(actions: torch.Tensor, action_scale: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
-                          noise_std: float) -> torch.Tensor:
+def add_exploration_noise(
+    actions: torch.Tensor, action_scale: torch.Tensor, low: torch.Tensor, high: torch.Tensor, noise_std: float
+) -> torch.Tensor:
     """actions + N(0, (noise_std * action_scale)^2) per dimension, clipped to [low, high]."""
     return torch.clamp(actions + torch.randn_like(actions) * (noise_std * action_scale), low, high)
 
@@ -328,8 +360,14 @@ def td_target(rewards: torch.Tensor, next_q: torch.Tensor, terminations: torch.T
     return rewards + gamma * next_q * (1.0 - terminations)
 
 
-def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, seed: int = 0,
-             capture_video: bool = False, video_dir: Path | None = None) -> list[float]:
+def evaluate(
+    model_path: str | Path,
+    eval_episodes: int,
+    device: torch.device,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Path | None = None,
+) -> list[float]:
     """Reload a model saved by this script and return the episodic returns of its deterministic actor (no noise)."""
     model = load_model(model_path, "ddpg_continuous_action")
     envs = make_envs(model["env_id"], 1, capture_video, video_dir)
@@ -385,8 +423,15 @@ if __name__ == "__main__":
     critic_optimizer = torch.optim.Adam(critic.parameters(), lr=args.learning_rate, fused=True)
     rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_dim, action_dim, device)
     # Everything a checkpoint holds besides counters, random generators and environments.
-    stateful = {"actor": actor, "critic": critic, "target_actor": target_actor, "target_critic": target_critic,
-                "actor_optimizer": actor_optimizer, "critic_optimizer": critic_optimizer, "replay_buffer": rb}
+    stateful = {
+        "actor": actor,
+        "critic": critic,
+        "target_actor": target_actor,
+        "target_critic": target_critic,
+        "actor_optimizer": actor_optimizer,
+        "critic_optimizer": critic_optimizer,
+        "replay_buffer": rb,
+    }
     # Parameter lists for the Polyak averaging: one fused lerp over all of them.
     online_params = [*actor.parameters(), *critic.parameters()]
     target_params = [*target_actor.parameters(), *target_critic.parameters()]
@@ -415,7 +460,9 @@ if __name__ == "__main__":
             module.load_state_dict(checkpoint[key])
         envs = restore_envs(envs, checkpoint["envs"])
         if checkpoint["envs"] is None:
-            print("the environments could not be saved with the checkpoint (dm_control, video recording?): resuming with fresh ones")
+            print(
+                "the environments could not be saved with the checkpoint (dm_control, video recording?): resuming with fresh ones"
+            )
             obs_np, _ = envs.reset(seed=args.seed + checkpoint["global_step"])
         else:
             obs_np = checkpoint["next_obs"]
@@ -427,13 +474,23 @@ if __name__ == "__main__":
     def write_checkpoint() -> Path:
         path = run.dir / CHECKPOINT_NAME
         writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(path, args, global_step=global_step, next_log=next_log,
-                        **{key: module.state_dict() for key, module in stateful.items()}, envs=snapshot_envs(envs), next_obs=obs_np,
-                        latest={key: value.cpu() for key, value in latest.items()}, wandb_id=run.wandb_id)
+        save_checkpoint(
+            path,
+            args,
+            global_step=global_step,
+            next_log=next_log,
+            **{key: module.state_dict() for key, module in stateful.items()},
+            envs=snapshot_envs(envs),
+            next_obs=obs_np,
+            latest={key: value.cpu() for key, value in latest.items()},
+            wandb_id=run.wandb_id,
+        )
         return path
 
     progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_checkpoint = (
+        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    )
     start_time, start_step = time.time(), global_step
 
     while global_step < args.total_timesteps:
@@ -451,7 +508,9 @@ if __name__ == "__main__":
         obs_np = next_obs_np.astype(np.float32)  # a copy: the env overwrites next_obs_np in place
         if "episode" in infos:
             finished = infos["_episode"]
-            for episodic_return, episodic_length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+            for episodic_return, episodic_length in zip(
+                infos["episode"]["r"][finished], infos["episode"]["l"][finished]
+            ):
                 writer.add_scalar("charts/episodic_return", episodic_return, global_step)
                 writer.add_scalar("charts/episodic_length", episodic_length, global_step)
             progress.add_returns(infos["episode"]["r"][finished])
@@ -507,12 +566,27 @@ if __name__ == "__main__":
 
     if args.save_model:
         model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(model_path, args, actor=actor.state_dict(), critic=critic.state_dict(), obs_dim=obs_dim, action_dim=action_dim)
+        save_model(
+            model_path,
+            args,
+            actor=actor.state_dict(),
+            critic=critic.state_dict(),
+            obs_dim=obs_dim,
+            action_dim=action_dim,
+        )
         print(f"model saved to {model_path}")
-        episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000,
-                                    capture_video=args.capture_video, video_dir=run.dir / "videos" / "eval")
+        episodic_returns = evaluate(
+            model_path,
+            args.eval_episodes,
+            device,
+            seed=args.seed + 1_000,
+            capture_video=args.capture_video,
+            video_dir=run.dir / "videos" / "eval",
+        )
         for idx, episodic_return in enumerate(episodic_returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}")
+        print(
+            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
+        )
 
     run.close()

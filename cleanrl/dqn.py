@@ -116,10 +116,17 @@ LOG_EVERY = 100
 
 def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
-    check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs, buffer_size=args.buffer_size,
-                   batch_size=args.batch_size, train_frequency=args.train_frequency,
-                   target_network_frequency=args.target_network_frequency, learning_rate=args.learning_rate,
-                   eval_episodes=args.eval_episodes, torch_threads=args.torch_threads)
+    check_positive(
+        total_timesteps=args.total_timesteps,
+        num_envs=args.num_envs,
+        buffer_size=args.buffer_size,
+        batch_size=args.batch_size,
+        train_frequency=args.train_frequency,
+        target_network_frequency=args.target_network_frequency,
+        learning_rate=args.learning_rate,
+        eval_episodes=args.eval_episodes,
+        torch_threads=args.torch_threads,
+    )
     if args.checkpoint_every < 0:
         fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
     if args.learning_starts < 0:
@@ -127,20 +134,28 @@ def validate(args: Args) -> None:
     if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
         fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
     if not 0 <= args.end_e <= args.start_e <= 1:
-        fail(f"epsilon must decay within [0, 1]: need 0 <= --end-e <= --start-e <= 1, got --start-e {args.start_e} --end-e {args.end_e}")
+        fail(
+            f"epsilon must decay within [0, 1]: need 0 <= --end-e <= --start-e <= 1, got --start-e {args.start_e} --end-e {args.end_e}"
+        )
     if not 0 < args.exploration_fraction <= 1:
         fail(f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
     if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch")
+        fail(
+            f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch"
+        )
     if args.num_envs > args.buffer_size:
-        fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself")
+        fail(
+            f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself"
+        )
     check_env_id(args.env_id)
     probe = gym.make(args.env_id)
     action_space, observation_space = probe.action_space, probe.observation_space
     probe.close()
     if not isinstance(action_space, gym.spaces.Discrete):
-        fail(f"dqn.py handles Discrete actions but {args.env_id} has {action_space}; "
-             f"use cleanrl/ddpg_continuous_action.py or cleanrl/sac_continuous_action.py")
+        fail(
+            f"dqn.py handles Discrete actions but {args.env_id} has {action_space}; "
+            f"use cleanrl/ddpg_continuous_action.py or cleanrl/sac_continuous_action.py"
+        )
     if not isinstance(observation_space, gym.spaces.Box):
         fail(f"dqn.py needs Box observations but {args.env_id} has {observation_space}")
 
@@ -201,8 +216,15 @@ class ReplayBuffer:
         self.staging_tensor = torch.from_numpy(self.staging)  # shares the staging memory
         self.pos, self.size = 0, 0
 
-    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-            terminations: np.ndarray, infos: dict) -> None:
+    def add(
+        self,
+        obs: np.ndarray,
+        next_obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        terminations: np.ndarray,
+        infos: dict,
+    ) -> None:
         """Store one step of every environment, as returned by a SAME_STEP vector env."""
         d, n = self.obs_dim, len(obs)
         rows = self.staging
@@ -247,7 +269,9 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
     return max(slope * t + start_e, end_e)
 
 
-def td_target(rewards: torch.Tensor, next_q_target_max: torch.Tensor, terminations: torch.Tensor, gamma: float) -> torch.Tensor:
+def td_target(
+    rewards: torch.Tensor, next_q_target_max: torch.Tensor, terminations: torch.Tensor, gamma: float
+) -> torch.Tensor:
     """r + gamma * max_a' Q_target(s', a'), with the bootstrap dropped where the episode terminated.
 
     A truncated transition keeps its bootstrap: its s' is the true final observation.
@@ -276,8 +300,15 @@ def select_actions(q_network: QNetwork, obs: torch.Tensor, epsilon: float, n_act
     return np.where(explore, random_actions, greedy_actions)
 
 
-def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, seed: int = 0,
-             capture_video: bool = False, video_dir: Path | None = None, epsilon: float = 0.05) -> list[float]:
+def evaluate(
+    model_path: str | Path,
+    eval_episodes: int,
+    device: torch.device,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Path | None = None,
+    epsilon: float = 0.05,
+) -> list[float]:
     """Reload a model saved by this script and return the episodic returns of its epsilon-greedy policy."""
     model = load_model(model_path, "dqn")
     envs = make_envs(model["env_id"], 1, capture_video, video_dir)
@@ -286,7 +317,9 @@ def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, s
     obs, _ = envs.reset(seed=seed)
     episodic_returns = []
     while len(episodic_returns) < eval_episodes:
-        actions = select_actions(q_network, torch.tensor(obs, dtype=torch.float32, device=device), epsilon, model["n_actions"])
+        actions = select_actions(
+            q_network, torch.tensor(obs, dtype=torch.float32, device=device), epsilon, model["n_actions"]
+        )
         obs, _, _, _, infos = envs.step(actions)
         if "episode" in infos:
             episodic_returns += infos["episode"]["r"][infos["_episode"]].tolist()
@@ -334,7 +367,9 @@ if __name__ == "__main__":
         rb.load_state_dict(checkpoint["replay_buffer"])
         envs = restore_envs(envs, checkpoint["envs"])
         if checkpoint["envs"] is None:
-            print("the environments could not be saved with the checkpoint (video recording?): resuming with fresh ones")
+            print(
+                "the environments could not be saved with the checkpoint (video recording?): resuming with fresh ones"
+            )
         else:
             obs_np = checkpoint["next_obs"]
         restore_rng_state(checkpoint["rng"])
@@ -345,15 +380,27 @@ if __name__ == "__main__":
     def write_checkpoint() -> Path:
         path = run.dir / CHECKPOINT_NAME
         writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(path, args, global_step=global_step, next_log=next_log, q_network=q_network.state_dict(),
-                        target_network=target_network.state_dict(), optimizer=optimizer.state_dict(),
-                        replay_buffer=rb.state_dict(), envs=snapshot_envs(envs), next_obs=obs_np,
-                        losses=None if losses is None else tuple(t.detach().cpu() for t in losses), wandb_id=run.wandb_id)
+        save_checkpoint(
+            path,
+            args,
+            global_step=global_step,
+            next_log=next_log,
+            q_network=q_network.state_dict(),
+            target_network=target_network.state_dict(),
+            optimizer=optimizer.state_dict(),
+            replay_buffer=rb.state_dict(),
+            envs=snapshot_envs(envs),
+            next_obs=obs_np,
+            losses=None if losses is None else tuple(t.detach().cpu() for t in losses),
+            wandb_id=run.wandb_id,
+        )
         return path
 
     stop = StopSignal()
     progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_checkpoint = (
+        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    )
     exploration_steps = args.exploration_fraction * args.total_timesteps
     start_time, start_step = time.time(), global_step
 
@@ -367,7 +414,9 @@ if __name__ == "__main__":
         obs_np = next_obs_np.astype(np.float32)  # a copy: the env overwrites next_obs_np in place
         if "episode" in infos:
             finished = infos["_episode"]
-            for episodic_return, episodic_length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+            for episodic_return, episodic_length in zip(
+                infos["episode"]["r"][finished], infos["episode"]["l"][finished]
+            ):
                 writer.add_scalar("charts/episodic_return", episodic_return, global_step)
                 writer.add_scalar("charts/episodic_length", episodic_length, global_step)
             progress.add_returns(infos["episode"]["r"][finished])
@@ -425,10 +474,18 @@ if __name__ == "__main__":
         model_path = run.dir / f"{args.exp_name}.cleanrl_model"
         save_model(model_path, args, q_network=q_network.state_dict(), obs_dim=obs_dim, n_actions=n_actions)
         print(f"model saved to {model_path}")
-        episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000,
-                                    capture_video=args.capture_video, video_dir=run.dir / "videos" / "eval")
+        episodic_returns = evaluate(
+            model_path,
+            args.eval_episodes,
+            device,
+            seed=args.seed + 1_000,
+            capture_video=args.capture_video,
+            video_dir=run.dir / "videos" / "eval",
+        )
         for idx, episodic_return in enumerate(episodic_returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}")
+        print(
+            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
+        )
 
     run.close()

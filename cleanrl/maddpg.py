@@ -52,7 +52,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from cleanrl_utils.checkpoint import CHECKPOINT_NAME, StopSignal, load_checkpoint, load_model, restore_rng_state, save_checkpoint, save_model
+from cleanrl_utils.checkpoint import (
+    CHECKPOINT_NAME,
+    StopSignal,
+    load_checkpoint,
+    load_model,
+    restore_rng_state,
+    save_checkpoint,
+    save_model,
+)
 from cleanrl_utils.errors import check_positive, fail
 from cleanrl_utils.progress import Progress
 from cleanrl_utils.run import Run
@@ -127,11 +135,28 @@ class Args:
 # Scenarios the scripts accept. VMAS: every scenario the package ships. MPE: the cooperative mpe2
 # tasks whose agents share one observation size and one action space (parameter sharing needs that).
 VMAS_SCENARIOS = (
-    "balance", "ball_passage", "ball_trajectory", "buzz_wire", "discovery", "dispersion", "dropout",
-    "flocking", "football", "give_way", "joint_passage", "joint_passage_size", "multi_give_way",
-    "navigation", "passage", "reverse_transport", "road_traffic", "sampling", "transport", "wheel",
+    "balance",
+    "ball_passage",
+    "ball_trajectory",
+    "buzz_wire",
+    "discovery",
+    "dispersion",
+    "dropout",
+    "flocking",
+    "football",
+    "give_way",
+    "joint_passage",
+    "joint_passage_size",
+    "multi_give_way",
+    "navigation",
+    "passage",
+    "reverse_transport",
+    "road_traffic",
+    "sampling",
+    "transport",
+    "wheel",
     "wind_flocking",
-)  # fmt: skip
+)
 MPE_SCENARIOS = ("simple_spread_v3", "simple_reference_v3")
 KNOWN_ENV_IDS = [f"vmas/{name}" for name in VMAS_SCENARIOS] + [f"mpe/{name}" for name in MPE_SCENARIOS]
 
@@ -157,12 +182,26 @@ class VMASVecEnv:
     back to the host once; everything else stays on the device.
     """
 
-    def __init__(self, scenario: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-                 max_episode_steps: int):  # fmt: skip
+    def __init__(
+        self,
+        scenario: str,
+        num_envs: int,
+        device: torch.device,
+        seed: int,
+        continuous_actions: bool,
+        max_episode_steps: int,
+    ):
         import vmas
 
-        self.env = vmas.make_env(scenario, num_envs=num_envs, device=device, continuous_actions=continuous_actions,
-                                 seed=seed, max_steps=max_episode_steps, terminated_truncated=True)  # fmt: skip
+        self.env = vmas.make_env(
+            scenario,
+            num_envs=num_envs,
+            device=device,
+            continuous_actions=continuous_actions,
+            seed=seed,
+            max_steps=max_episode_steps,
+            terminated_truncated=True,
+        )
         self.num_envs, self.n_agents, self.device = num_envs, self.env.n_agents, device
         self.obs_dims = [space.shape[0] for space in self.env.observation_space]
         self.obs_dim = max(self.obs_dims)
@@ -170,9 +209,11 @@ class VMASVecEnv:
         self.action_spaces = list(self.env.action_space)
         first = self.action_spaces[0]
         self.same_action_space = all(
-            type(space) is type(first) and getattr(space, "shape", None) == first.shape and getattr(space, "n", None) == getattr(first, "n", None)
+            type(space) is type(first)
+            and getattr(space, "shape", None) == first.shape
+            and getattr(space, "n", None) == getattr(first, "n", None)
             for space in self.action_spaces
-        )  # fmt: skip
+        )
         if continuous_actions:
             self.act_dim = first.shape[0]
             self.action_low = torch.as_tensor(first.low, dtype=torch.float32, device=device)
@@ -200,15 +241,22 @@ class VMASVecEnv:
         self.episode_returns += rewards
         self.episode_lengths += 1
         done = terminated | truncated
-        info = {"episode_return": self.episode_returns.clone(), "episode_length": self.episode_lengths.clone(), "done": done}
+        info = {
+            "episode_return": self.episode_returns.clone(),
+            "episode_length": self.episode_lengths.clone(),
+            "done": done,
+        }
         final_obs = next_obs.clone()
         if done.all():  # worlds started together hit the time limit together: one batched reset
             next_obs = self._stack(self.env.reset())
         elif done.any():
             for index in done.nonzero().flatten().tolist():
                 self.env.reset_at(index, return_observations=False)
-            next_obs = self._stack(self.env.get_from_scenario(get_observations=True, get_rewards=False,
-                                                              get_infos=False, get_dones=False)[0])  # fmt: skip
+            next_obs = self._stack(
+                self.env.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)[
+                    0
+                ]
+            )
         self.episode_returns *= (~done).unsqueeze(1)
         self.episode_lengths *= ~done
         return next_obs, rewards, terminated, truncated, final_obs, info
@@ -227,11 +275,20 @@ class MPEVecEnv:
     `final_obs`.
     """
 
-    def __init__(self, name: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-                 max_episode_steps: int):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        num_envs: int,
+        device: torch.device,
+        seed: int,
+        continuous_actions: bool,
+        max_episode_steps: int,
+    ):
         module = importlib.import_module(f"mpe2.{name}")
-        self.envs = [module.parallel_env(max_cycles=max_episode_steps, continuous_actions=continuous_actions)
-                     for _ in range(num_envs)]  # fmt: skip
+        self.envs = [
+            module.parallel_env(max_cycles=max_episode_steps, continuous_actions=continuous_actions)
+            for _ in range(num_envs)
+        ]
         self.agents = list(self.envs[0].possible_agents)
         self.num_envs, self.n_agents, self.device, self.seed = num_envs, len(self.agents), device, seed
         self.obs_dims = [self.envs[0].observation_space(agent).shape[0] for agent in self.agents]
@@ -270,7 +327,9 @@ class MPEVecEnv:
         truncated = np.zeros(self.num_envs, dtype=bool)
         final_obs = np.zeros_like(self.obs)
         for index, env in enumerate(self.envs):
-            obs, reward, term, trunc, _ = env.step({name: actions[index, agent] for agent, name in enumerate(self.agents)})
+            obs, reward, term, trunc, _ = env.step(
+                {name: actions[index, agent] for agent, name in enumerate(self.agents)}
+            )
             self._write_obs(final_obs, index, obs)
             rewards[index] = [reward[name] for name in self.agents]
             terminated[index] = any(term[name] for name in self.agents)
@@ -281,22 +340,31 @@ class MPEVecEnv:
         self.episode_returns += rewards
         self.episode_lengths += 1
         done = terminated | truncated
-        info = {"episode_return": torch.as_tensor(self.episode_returns.copy(), device=self.device),
-                "episode_length": torch.as_tensor(self.episode_lengths.copy(), device=self.device),
-                "done": torch.as_tensor(done, device=self.device)}  # fmt: skip
+        info = {
+            "episode_return": torch.as_tensor(self.episode_returns.copy(), device=self.device),
+            "episode_length": torch.as_tensor(self.episode_lengths.copy(), device=self.device),
+            "done": torch.as_tensor(done, device=self.device),
+        }
         self.episode_returns[done] = 0
         self.episode_lengths[done] = 0
         to_device = lambda array: torch.as_tensor(array, device=self.device)
-        return (to_device(self.obs.copy()), to_device(rewards), to_device(terminated), to_device(truncated),
-                to_device(final_obs), info)  # fmt: skip
+        return (
+            to_device(self.obs.copy()),
+            to_device(rewards),
+            to_device(terminated),
+            to_device(truncated),
+            to_device(final_obs),
+            info,
+        )
 
     def close(self):
         for env in self.envs:
             env.close()
 
 
-def make_env(env_id: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-             max_episode_steps: int | None):  # fmt: skip
+def make_env(
+    env_id: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool, max_episode_steps: int | None
+):
     """env_id is "vmas/<scenario>" or "mpe/<task>"; max_episode_steps None takes the family's usual horizon
     (VMAS 100 steps, as in BenchMARL; MPE 25, as in the MPE papers)."""
     family, name = env_id.split("/", 1)
@@ -316,10 +384,18 @@ def global_state(obs: torch.Tensor) -> torch.Tensor:
 
 def validate(args: Args) -> None:
     """Check the arguments before any work; fail in one line."""
-    check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs, buffer_size=args.buffer_size,
-                   batch_size=args.batch_size, gradient_steps=args.gradient_steps, hidden_dim=args.hidden_dim,
-                   actor_learning_rate=args.actor_learning_rate, critic_learning_rate=args.critic_learning_rate,
-                   log_every=args.log_every, eval_episodes=args.eval_episodes)  # fmt: skip
+    check_positive(
+        total_timesteps=args.total_timesteps,
+        num_envs=args.num_envs,
+        buffer_size=args.buffer_size,
+        batch_size=args.batch_size,
+        gradient_steps=args.gradient_steps,
+        hidden_dim=args.hidden_dim,
+        actor_learning_rate=args.actor_learning_rate,
+        critic_learning_rate=args.critic_learning_rate,
+        log_every=args.log_every,
+        eval_episodes=args.eval_episodes,
+    )
     if args.max_episode_steps is not None:
         check_positive(max_episode_steps=args.max_episode_steps)
     if args.checkpoint_every < 0:
@@ -329,18 +405,26 @@ def validate(args: Args) -> None:
     if args.learning_starts < 0:
         fail(f"--learning-starts must be 0 or positive, got {args.learning_starts}")
     if args.learning_starts >= args.total_timesteps:
-        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: "
-             f"nothing would be learned; lower --learning-starts")  # fmt: skip
+        fail(
+            f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: "
+            f"nothing would be learned; lower --learning-starts"
+        )
     if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
         fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
     if not args.exploration_noise >= 0:
         fail(f"--exploration-noise must be 0 or positive, got {args.exploration_noise}")
     if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch")
+        fail(
+            f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch"
+        )
     if args.num_envs > args.buffer_size:
-        fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself")
+        fail(
+            f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself"
+        )
     if args.capture_video:
-        fail(f"--capture-video is not supported by {args.exp_name}.py: VMAS renders through pyglet, which needs a display stack")
+        fail(
+            f"--capture-video is not supported by {args.exp_name}.py: VMAS renders through pyglet, which needs a display stack"
+        )
     message = check_env_id(args.env_id)
     if message:
         fail(message)
@@ -350,11 +434,15 @@ def validate(args: Args) -> None:
 
 def check_action_spaces(envs, script: str) -> None:
     """Parameter sharing needs one action space for all agents; fail in one line otherwise."""
-    same_bounds = all(np.array_equal(space.low, envs.action_spaces[0].low) and np.array_equal(space.high, envs.action_spaces[0].high)
-                      for space in envs.action_spaces)  # fmt: skip
+    same_bounds = all(
+        np.array_equal(space.low, envs.action_spaces[0].low) and np.array_equal(space.high, envs.action_spaces[0].high)
+        for space in envs.action_spaces
+    )
     if not envs.same_action_space or not same_bounds:
-        fail(f"{script} shares one actor across agents, but the agents of this scenario have different action spaces: "
-             f"{', '.join(str(space) for space in envs.action_spaces)}")  # fmt: skip
+        fail(
+            f"{script} shares one actor across agents, but the agents of this scenario have different action spaces: "
+            f"{', '.join(str(space) for space in envs.action_spaces)}"
+        )
 
 
 def build_envs(args: Args, device: torch.device, seed: int, num_envs: int):
@@ -407,7 +495,9 @@ class Actor(nn.Module):
     """The deterministic policy shared by all agents: a ReLU MLP on [own observation, one-hot id],
     tanh output scaled to the action bounds."""
 
-    def __init__(self, obs_dim: int, n_agents: int, action_low: torch.Tensor, action_high: torch.Tensor, hidden_dim: int = 256):
+    def __init__(
+        self, obs_dim: int, n_agents: int, action_low: torch.Tensor, action_high: torch.Tensor, hidden_dim: int = 256
+    ):
         super().__init__()
         self.fc1 = nn.Linear(obs_dim + n_agents, hidden_dim)
         self.fc2 = nn.Linear(hidden_dim, hidden_dim)
@@ -462,10 +552,22 @@ class ReplayBuffer:
         self.next_obs = torch.zeros((buffer_size, n_agents, obs_dim), device=device)
 
     def fields(self) -> dict[str, torch.Tensor]:
-        return {"obs": self.obs, "actions": self.actions, "rewards": self.rewards, "terminations": self.terminations, "next_obs": self.next_obs}
+        return {
+            "obs": self.obs,
+            "actions": self.actions,
+            "rewards": self.rewards,
+            "terminations": self.terminations,
+            "next_obs": self.next_obs,
+        }
 
-    def add(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, terminations: torch.Tensor,
-            next_obs: torch.Tensor) -> None:  # fmt: skip
+    def add(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        terminations: torch.Tensor,
+        next_obs: torch.Tensor,
+    ) -> None:
         """Store one step of every world; next_obs is the true next observation (final_obs)."""
         indices = (self.pos + torch.arange(len(obs), device=obs.device)) % self.buffer_size
         for storage, value in zip(self.fields().values(), (obs, actions, rewards, terminations.float(), next_obs)):
@@ -479,7 +581,11 @@ class ReplayBuffer:
         return tuple(storage[indices] for storage in self.fields().values())
 
     def state_dict(self) -> dict:
-        return {"pos": self.pos, "size": self.size, **{name: value[: self.size].cpu() for name, value in self.fields().items()}}
+        return {
+            "pos": self.pos,
+            "size": self.size,
+            **{name: value[: self.size].cpu() for name, value in self.fields().items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.pos, self.size = state["pos"], state["size"]
@@ -495,8 +601,9 @@ def random_actions(shape: tuple[int, ...], low: torch.Tensor, high: torch.Tensor
     return low + (high - low) * torch.rand((*shape, len(low)), device=low.device)
 
 
-def add_exploration_noise(actions: torch.Tensor, action_scale: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
-                          noise_std: float) -> torch.Tensor:  # fmt: skip
+def add_exploration_noise(
+    actions: torch.Tensor, action_scale: torch.Tensor, low: torch.Tensor, high: torch.Tensor, noise_std: float
+) -> torch.Tensor:
     """actions + N(0, (noise_std * action_scale)^2) per dimension, clipped to [low, high]."""
     return torch.clamp(actions + torch.randn_like(actions) * (noise_std * action_scale), low, high)
 
@@ -508,13 +615,21 @@ def td_target(rewards: torch.Tensor, next_q: torch.Tensor, terminations: torch.T
     return rewards + gamma * next_q * (1.0 - terminations).unsqueeze(-1)
 
 
-def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, seed: int = 0,
-             capture_video: bool = False, video_dir: Path | None = None) -> list[float]:  # fmt: skip
+def evaluate(
+    model_path: str | Path,
+    eval_episodes: int,
+    device: torch.device,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Path | None = None,
+) -> list[float]:
     """Reload a model saved by this script and return the team returns (sum over agents) of the first
     episode of `eval_episodes` worlds under its deterministic actor (no noise)."""
     model = load_model(model_path, EXP_NAME)
     if capture_video:
-        fail(f"--capture-video is not supported by {EXP_NAME}.py: VMAS renders through pyglet, which needs a display stack")
+        fail(
+            f"--capture-video is not supported by {EXP_NAME}.py: VMAS renders through pyglet, which needs a display stack"
+        )
     saved = model["args"]
     envs = make_env(model["env_id"], eval_episodes, device, seed, True, saved["max_episode_steps"])
     zeros = torch.zeros(model["act_dim"])
@@ -577,8 +692,15 @@ if __name__ == "__main__":
     # Finished episodes since the last log: count, sum of lengths, sum of team returns, per-agent sums.
     episode_stats = torch.zeros(3 + n_agents, dtype=torch.float64, device=device)
     # Everything a checkpoint holds besides counters, random generators and the statistics.
-    stateful = {"actor": actor, "critic": critic, "target_actor": target_actor, "target_critic": target_critic,
-                "actor_optimizer": actor_optimizer, "critic_optimizer": critic_optimizer, "replay_buffer": rb}  # fmt: skip
+    stateful = {
+        "actor": actor,
+        "critic": critic,
+        "target_actor": target_actor,
+        "target_critic": target_critic,
+        "actor_optimizer": actor_optimizer,
+        "critic_optimizer": critic_optimizer,
+        "replay_buffer": rb,
+    }
     online_params = [*actor.parameters(), *critic.parameters()]
     target_params = [*target_actor.parameters(), *target_critic.parameters()]
 
@@ -610,13 +732,23 @@ if __name__ == "__main__":
     def write_checkpoint() -> Path:
         path = run.dir / CHECKPOINT_NAME
         writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(path, args, global_step=global_step, vector_step=vector_step, updates=updates,
-                        **{key: module.state_dict() for key, module in stateful.items()}, episode_stats=episode_stats.cpu(),
-                        latest={key: value.cpu() for key, value in latest.items()}, wandb_id=run.wandb_id)  # fmt: skip
+        save_checkpoint(
+            path,
+            args,
+            global_step=global_step,
+            vector_step=vector_step,
+            updates=updates,
+            **{key: module.state_dict() for key, module in stateful.items()},
+            episode_stats=episode_stats.cpu(),
+            latest={key: value.cpu() for key, value in latest.items()},
+            wandb_id=run.wandb_id,
+        )
         return path
 
     progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_checkpoint = (
+        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    )
     start_time, start_step = time.time(), global_step
 
     while global_step < args.total_timesteps:
@@ -632,8 +764,12 @@ if __name__ == "__main__":
         global_step, vector_step = global_step + args.num_envs, vector_step + 1
         done = info["done"].double()
         episode_returns = info["episode_return"].double()
-        episode_stats += torch.cat([torch.stack([done.sum(), (info["episode_length"] * done).sum(), (episode_returns.sum(1) * done).sum()]),
-                                    (episode_returns * done.unsqueeze(1)).sum(0)])  # fmt: skip
+        episode_stats += torch.cat(
+            [
+                torch.stack([done.sum(), (info["episode_length"] * done).sum(), (episode_returns.sum(1) * done).sum()]),
+                (episode_returns * done.unsqueeze(1)).sum(0),
+            ]
+        )
 
         # Learn: --gradient-steps critic and actor steps per vector step, once learning has started.
         if global_step >= args.learning_starts:
@@ -688,12 +824,21 @@ if __name__ == "__main__":
 
     if args.save_model:
         model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(model_path, args, actor=actor.state_dict(), critic=critic.state_dict(), n_agents=n_agents, obs_dim=obs_dim,
-                   act_dim=act_dim)  # fmt: skip
+        save_model(
+            model_path,
+            args,
+            actor=actor.state_dict(),
+            critic=critic.state_dict(),
+            n_agents=n_agents,
+            obs_dim=obs_dim,
+            act_dim=act_dim,
+        )
         print(f"model saved to {model_path}")
         episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000)
         for idx, episodic_return in enumerate(episodic_returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.2f} +- {np.std(episodic_returns):.2f}")
+        print(
+            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.2f} +- {np.std(episodic_returns):.2f}"
+        )
 
     run.close()

@@ -163,11 +163,28 @@ class Args:
 # Scenarios the scripts accept. VMAS: every scenario the package ships. MPE: the cooperative mpe2
 # tasks whose agents share one observation size and one action space (parameter sharing needs that).
 VMAS_SCENARIOS = (
-    "balance", "ball_passage", "ball_trajectory", "buzz_wire", "discovery", "dispersion", "dropout",
-    "flocking", "football", "give_way", "joint_passage", "joint_passage_size", "multi_give_way",
-    "navigation", "passage", "reverse_transport", "road_traffic", "sampling", "transport", "wheel",
+    "balance",
+    "ball_passage",
+    "ball_trajectory",
+    "buzz_wire",
+    "discovery",
+    "dispersion",
+    "dropout",
+    "flocking",
+    "football",
+    "give_way",
+    "joint_passage",
+    "joint_passage_size",
+    "multi_give_way",
+    "navigation",
+    "passage",
+    "reverse_transport",
+    "road_traffic",
+    "sampling",
+    "transport",
+    "wheel",
     "wind_flocking",
-)  # fmt: skip
+)
 MPE_SCENARIOS = ("simple_spread_v3", "simple_reference_v3")
 KNOWN_ENV_IDS = [f"vmas/{name}" for name in VMAS_SCENARIOS] + [f"mpe/{name}" for name in MPE_SCENARIOS]
 
@@ -193,12 +210,26 @@ class VMASVecEnv:
     back to the host once; everything else stays on the device.
     """
 
-    def __init__(self, scenario: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-                 max_episode_steps: int):  # fmt: skip
+    def __init__(
+        self,
+        scenario: str,
+        num_envs: int,
+        device: torch.device,
+        seed: int,
+        continuous_actions: bool,
+        max_episode_steps: int,
+    ):
         import vmas
 
-        self.env = vmas.make_env(scenario, num_envs=num_envs, device=device, continuous_actions=continuous_actions,
-                                 seed=seed, max_steps=max_episode_steps, terminated_truncated=True)  # fmt: skip
+        self.env = vmas.make_env(
+            scenario,
+            num_envs=num_envs,
+            device=device,
+            continuous_actions=continuous_actions,
+            seed=seed,
+            max_steps=max_episode_steps,
+            terminated_truncated=True,
+        )
         self.num_envs, self.n_agents, self.device = num_envs, self.env.n_agents, device
         self.obs_dims = [space.shape[0] for space in self.env.observation_space]
         self.obs_dim = max(self.obs_dims)
@@ -206,9 +237,11 @@ class VMASVecEnv:
         self.action_spaces = list(self.env.action_space)
         first = self.action_spaces[0]
         self.same_action_space = all(
-            type(space) is type(first) and getattr(space, "shape", None) == first.shape and getattr(space, "n", None) == getattr(first, "n", None)
+            type(space) is type(first)
+            and getattr(space, "shape", None) == first.shape
+            and getattr(space, "n", None) == getattr(first, "n", None)
             for space in self.action_spaces
-        )  # fmt: skip
+        )
         if continuous_actions:
             self.act_dim = first.shape[0]
             self.action_low = torch.as_tensor(first.low, dtype=torch.float32, device=device)
@@ -236,15 +269,22 @@ class VMASVecEnv:
         self.episode_returns += rewards
         self.episode_lengths += 1
         done = terminated | truncated
-        info = {"episode_return": self.episode_returns.clone(), "episode_length": self.episode_lengths.clone(), "done": done}
+        info = {
+            "episode_return": self.episode_returns.clone(),
+            "episode_length": self.episode_lengths.clone(),
+            "done": done,
+        }
         final_obs = next_obs.clone()
         if done.all():  # worlds started together hit the time limit together: one batched reset
             next_obs = self._stack(self.env.reset())
         elif done.any():
             for index in done.nonzero().flatten().tolist():
                 self.env.reset_at(index, return_observations=False)
-            next_obs = self._stack(self.env.get_from_scenario(get_observations=True, get_rewards=False,
-                                                              get_infos=False, get_dones=False)[0])  # fmt: skip
+            next_obs = self._stack(
+                self.env.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)[
+                    0
+                ]
+            )
         self.episode_returns *= (~done).unsqueeze(1)
         self.episode_lengths *= ~done
         return next_obs, rewards, terminated, truncated, final_obs, info
@@ -263,11 +303,20 @@ class MPEVecEnv:
     `final_obs`.
     """
 
-    def __init__(self, name: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-                 max_episode_steps: int):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        num_envs: int,
+        device: torch.device,
+        seed: int,
+        continuous_actions: bool,
+        max_episode_steps: int,
+    ):
         module = importlib.import_module(f"mpe2.{name}")
-        self.envs = [module.parallel_env(max_cycles=max_episode_steps, continuous_actions=continuous_actions)
-                     for _ in range(num_envs)]  # fmt: skip
+        self.envs = [
+            module.parallel_env(max_cycles=max_episode_steps, continuous_actions=continuous_actions)
+            for _ in range(num_envs)
+        ]
         self.agents = list(self.envs[0].possible_agents)
         self.num_envs, self.n_agents, self.device, self.seed = num_envs, len(self.agents), device, seed
         self.obs_dims = [self.envs[0].observation_space(agent).shape[0] for agent in self.agents]
@@ -306,7 +355,9 @@ class MPEVecEnv:
         truncated = np.zeros(self.num_envs, dtype=bool)
         final_obs = np.zeros_like(self.obs)
         for index, env in enumerate(self.envs):
-            obs, reward, term, trunc, _ = env.step({name: actions[index, agent] for agent, name in enumerate(self.agents)})
+            obs, reward, term, trunc, _ = env.step(
+                {name: actions[index, agent] for agent, name in enumerate(self.agents)}
+            )
             self._write_obs(final_obs, index, obs)
             rewards[index] = [reward[name] for name in self.agents]
             terminated[index] = any(term[name] for name in self.agents)
@@ -317,22 +368,31 @@ class MPEVecEnv:
         self.episode_returns += rewards
         self.episode_lengths += 1
         done = terminated | truncated
-        info = {"episode_return": torch.as_tensor(self.episode_returns.copy(), device=self.device),
-                "episode_length": torch.as_tensor(self.episode_lengths.copy(), device=self.device),
-                "done": torch.as_tensor(done, device=self.device)}  # fmt: skip
+        info = {
+            "episode_return": torch.as_tensor(self.episode_returns.copy(), device=self.device),
+            "episode_length": torch.as_tensor(self.episode_lengths.copy(), device=self.device),
+            "done": torch.as_tensor(done, device=self.device),
+        }
         self.episode_returns[done] = 0
         self.episode_lengths[done] = 0
         to_device = lambda array: torch.as_tensor(array, device=self.device)
-        return (to_device(self.obs.copy()), to_device(rewards), to_device(terminated), to_device(truncated),
-                to_device(final_obs), info)  # fmt: skip
+        return (
+            to_device(self.obs.copy()),
+            to_device(rewards),
+            to_device(terminated),
+            to_device(truncated),
+            to_device(final_obs),
+            info,
+        )
 
     def close(self):
         for env in self.envs:
             env.close()
 
 
-def make_env(env_id: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-             max_episode_steps: int | None):  # fmt: skip
+def make_env(
+    env_id: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool, max_episode_steps: int | None
+):
     """env_id is "vmas/<scenario>" or "mpe/<task>"; max_episode_steps None takes the family's usual horizon
     (VMAS 100 steps, as in BenchMARL; MPE 25, as in the MPE papers)."""
     family, name = env_id.split("/", 1)
@@ -352,23 +412,36 @@ def validate(args: Args) -> None:
     message = check_env_id(args.env_id)
     if message:
         fail(message)
-    check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs, num_steps=args.num_steps,
-                   num_minibatches=args.num_minibatches, update_epochs=args.update_epochs,
-                   learning_rate=args.learning_rate, hidden_size=args.hidden_size, log_every=args.log_every,
-                   eval_episodes=args.eval_episodes)  # fmt: skip
+    check_positive(
+        total_timesteps=args.total_timesteps,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        num_minibatches=args.num_minibatches,
+        update_epochs=args.update_epochs,
+        learning_rate=args.learning_rate,
+        hidden_size=args.hidden_size,
+        log_every=args.log_every,
+        eval_episodes=args.eval_episodes,
+    )
     if args.max_episode_steps is not None:
         check_positive(max_episode_steps=args.max_episode_steps)
     if args.checkpoint_every < 0 or args.torch_threads < 0:
-        fail(f"--checkpoint-every and --torch-threads must be 0 or positive, got {args.checkpoint_every} and {args.torch_threads}")
+        fail(
+            f"--checkpoint-every and --torch-threads must be 0 or positive, got {args.checkpoint_every} and {args.torch_threads}"
+        )
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1 or not 0 < args.value_norm_beta < 1:
-        fail(f"--gamma must be in (0, 1], --gae-lambda in [0, 1] and --value-norm-beta in (0, 1), "
-             f"got {args.gamma}, {args.gae_lambda} and {args.value_norm_beta}")  # fmt: skip
+        fail(
+            f"--gamma must be in (0, 1], --gae-lambda in [0, 1] and --value-norm-beta in (0, 1), "
+            f"got {args.gamma}, {args.gae_lambda} and {args.value_norm_beta}"
+        )
     if args.capture_video:
         fail("--capture-video is not supported by mappo.py: VMAS renders through pyglet, which needs a display")
     rollout = args.num_envs * args.num_steps
     if rollout % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the rollout of {rollout} "
-             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps}), whose agents are split with it")  # fmt: skip
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the rollout of {rollout} "
+            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps}), whose agents are split with it"
+        )
     args.num_iterations = args.total_timesteps // rollout
     if args.num_iterations == 0:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout of {rollout} steps")
@@ -378,11 +451,16 @@ def validate(args: Args) -> None:
 def check_action_spaces(envs, env_id: str) -> None:
     """One policy is shared by all agents, so they need one action space (with the same bounds); fail in one line otherwise."""
     first = envs.action_spaces[0]
-    same_bounds = all(np.array_equal(getattr(space, "low", None), getattr(first, "low", None))
-                      and np.array_equal(getattr(space, "high", None), getattr(first, "high", None)) for space in envs.action_spaces)  # fmt: skip
+    same_bounds = all(
+        np.array_equal(getattr(space, "low", None), getattr(first, "low", None))
+        and np.array_equal(getattr(space, "high", None), getattr(first, "high", None))
+        for space in envs.action_spaces
+    )
     if not envs.same_action_space or not same_bounds:
-        fail(f"{env_id}: the agents have different action spaces ({', '.join(map(str, envs.action_spaces))}); "
-             "mappo.py shares one policy across agents and needs one action space")  # fmt: skip
+        fail(
+            f"{env_id}: the agents have different action spaces ({', '.join(map(str, envs.action_spaces))}); "
+            "mappo.py shares one policy across agents and needs one action space"
+        )
 
 
 # --- the agent ---------------------------------------------------------------------------------------
@@ -396,10 +474,12 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
 
 def mlp(in_dim: int, hidden: int, out_dim: int, out_std: float) -> nn.Sequential:
     return nn.Sequential(
-        layer_init(nn.Linear(in_dim, hidden)), nn.Tanh(),
-        layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
+        layer_init(nn.Linear(in_dim, hidden)),
+        nn.Tanh(),
+        layer_init(nn.Linear(hidden, hidden)),
+        nn.Tanh(),
         layer_init(nn.Linear(hidden, out_dim), std=out_std),
-    )  # fmt: skip
+    )
 
 
 class Agent(nn.Module):
@@ -499,8 +579,15 @@ class ValueNorm(nn.Module):
         return (x.double() * var.sqrt() + mean).to(x.dtype)
 
 
-def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminations: torch.Tensor,
-                truncations: torch.Tensor, gamma: float, gae_lambda: float) -> torch.Tensor:
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminations: torch.Tensor,
+    truncations: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> torch.Tensor:
     """Generalized advantage estimates per agent for a rollout.
 
     rewards, values, next_values: [num_steps, num_envs, n_agents]; terminations, truncations:
@@ -523,11 +610,19 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.
 def make_agent(envs, args: Args | dict, device: torch.device) -> Agent:
     get = args.get if isinstance(args, dict) else lambda key: getattr(args, key)
     action_dim = envs.act_dim if envs.continuous else envs.num_actions
-    return Agent(envs.obs_dim, envs.n_agents, action_dim, envs.continuous, get("independent"), get("hidden_size")).to(device)
+    return Agent(envs.obs_dim, envs.n_agents, action_dim, envs.continuous, get("independent"), get("hidden_size")).to(
+        device
+    )
 
 
-def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, seed: int = 0,
-             capture_video: bool = False, video_dir: Path | None = None) -> list[float]:
+def evaluate(
+    model_path: str | Path,
+    eval_episodes: int,
+    device: torch.device,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Path | None = None,
+) -> list[float]:
     """Reload a model saved by this script and return the team returns (sum over agents) of the
     first episode of `eval_episodes` fresh environments, under the greedy policy (mean action,
     clipped to the bounds; or the most likely action)."""
@@ -608,20 +703,35 @@ if __name__ == "__main__":
         episode_stats.copy_(checkpoint["episode_stats"])
         restore_rng_state(checkpoint["rng"])
         global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
-        print(f"resuming at step {global_step}: {args.env_id} cannot be saved with the checkpoint, continuing with freshly reset environments", flush=True)
+        print(
+            f"resuming at step {global_step}: {args.env_id} cannot be saved with the checkpoint, continuing with freshly reset environments",
+            flush=True,
+        )
     next_obs = envs.reset()
 
     def write_checkpoint(iteration: int) -> Path:
         path = run.dir / CHECKPOINT_NAME
         writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(path, args, global_step=global_step, iteration=iteration, agent=agent.state_dict(),
-                        optimizer=optimizer.state_dict(), value_norm=value_norm.state_dict(),
-                        episode_stats=episode_stats.cpu(), wandb_id=run.wandb_id)  # fmt: skip
+        save_checkpoint(
+            path,
+            args,
+            global_step=global_step,
+            iteration=iteration,
+            agent=agent.state_dict(),
+            optimizer=optimizer.state_dict(),
+            value_norm=value_norm.state_dict(),
+            episode_stats=episode_stats.cpu(),
+            wandb_id=run.wandb_id,
+        )
         return path
 
-    progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name} ({args.critic} critic)")
+    progress = Progress(
+        args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name} ({args.critic} critic)"
+    )
     progress.update(global_step)
-    next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_checkpoint = (
+        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    )
     start_time, start_step = time.time(), global_step
 
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -644,8 +754,12 @@ if __name__ == "__main__":
                 truncations[step] = truncated.float()
                 done = info["done"].double()
                 episode_return = info["episode_return"].double() * done.unsqueeze(1)
-                episode_stats += torch.cat([torch.stack([done.sum(), episode_return.sum(), (info["episode_length"] * done).sum()]),
-                                            episode_return.sum(0)])  # fmt: skip
+                episode_stats += torch.cat(
+                    [
+                        torch.stack([done.sum(), episode_return.sum(), (info["episode_length"] * done).sum()]),
+                        episode_return.sum(0),
+                    ]
+                )
 
             # Values of the whole rollout in batched passes, in the targets' units. A truncated
             # episode is bootstrapped with the value of its true final observation.
@@ -655,7 +769,9 @@ if __name__ == "__main__":
             next_values = torch.cat([values[1:], denormalize(agent.value(agent.critic_input(next_obs)))[None]])
             final_values = denormalize(agent.value(agent.critic_input(final_obs)))
             next_values = torch.where(truncations.unsqueeze(-1) > 0, final_values, next_values)
-            advantages = compute_gae(rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda)
+            advantages = compute_gae(
+                rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
+            )
             returns = advantages + values
             if args.value_norm:
                 value_norm.update(returns)
@@ -693,7 +809,9 @@ if __name__ == "__main__":
                 # Value loss, in normalised units
                 if args.clip_vloss:
                     v_loss_unclipped = (newvalue - b_targets[mb_inds]) ** 2
-                    v_clipped = b_old_values[mb_inds] + torch.clamp(newvalue - b_old_values[mb_inds], -args.clip_coef, args.clip_coef)
+                    v_clipped = b_old_values[mb_inds] + torch.clamp(
+                        newvalue - b_old_values[mb_inds], -args.clip_coef, args.clip_coef
+                    )
                     v_loss_clipped = (v_clipped - b_targets[mb_inds]) ** 2
                     v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                 else:
@@ -713,11 +831,31 @@ if __name__ == "__main__":
             with torch.no_grad():
                 var_y = returns.var()
                 explained_var = torch.where(var_y == 0, torch.nan, 1 - (returns - values).var() / var_y)
-                stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl,
-                                     torch.stack(clipfracs).mean(), explained_var]).tolist()  # fmt: skip
+                stats = torch.stack(
+                    [
+                        v_loss,
+                        pg_loss,
+                        entropy_loss,
+                        old_approx_kl,
+                        approx_kl,
+                        torch.stack(clipfracs).mean(),
+                        explained_var,
+                    ]
+                ).tolist()
                 finished, team_sum, length_sum, *agent_sums = episode_stats.tolist()
                 episode_stats.zero_()
-            for name, value in zip(["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"], stats):
+            for name, value in zip(
+                [
+                    "value_loss",
+                    "policy_loss",
+                    "entropy",
+                    "old_approx_kl",
+                    "approx_kl",
+                    "clipfrac",
+                    "explained_variance",
+                ],
+                stats,
+            ):
                 writer.add_scalar(f"losses/{name}", value, global_step)
             if finished > 0:  # the mean over the episodes that ended since the last log line
                 writer.add_scalar("charts/episodic_return", team_sum / finished, global_step)
@@ -731,7 +869,9 @@ if __name__ == "__main__":
             for name, value in zip(["value_loss", "policy_loss", "entropy"], stats):
                 if not np.isfinite(value):
                     path = write_checkpoint(iteration)
-                    fail(f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}")
+                    fail(
+                        f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}"
+                    )
 
         if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
             path = write_checkpoint(iteration)
@@ -747,12 +887,21 @@ if __name__ == "__main__":
 
     if args.save_model:
         model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(model_path, args, agent=agent.state_dict(), value_norm=value_norm.state_dict(), n_agents=n_agents, obs_dim=obs_dim)
+        save_model(
+            model_path,
+            args,
+            agent=agent.state_dict(),
+            value_norm=value_norm.state_dict(),
+            n_agents=n_agents,
+            obs_dim=obs_dim,
+        )
         print(f"model saved to {model_path}")
         episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000)
         for idx, episodic_return in enumerate(episodic_returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.2f} +- {np.std(episodic_returns):.2f}")
+        print(
+            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.2f} +- {np.std(episodic_returns):.2f}"
+        )
 
     envs.close()
     run.close()

@@ -56,7 +56,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from cleanrl_utils.checkpoint import CHECKPOINT_NAME, StopSignal, load_checkpoint, load_model, restore_rng_state, save_checkpoint, save_model
+from cleanrl_utils.checkpoint import (
+    CHECKPOINT_NAME,
+    StopSignal,
+    load_checkpoint,
+    load_model,
+    restore_rng_state,
+    save_checkpoint,
+    save_model,
+)
 from cleanrl_utils.errors import check_positive, fail
 from cleanrl_utils.progress import Progress
 from cleanrl_utils.run import Run
@@ -137,11 +145,28 @@ class Args:
 # Scenarios the scripts accept. VMAS: every scenario the package ships. MPE: the cooperative mpe2
 # tasks whose agents share one observation size and one action space (parameter sharing needs that).
 VMAS_SCENARIOS = (
-    "balance", "ball_passage", "ball_trajectory", "buzz_wire", "discovery", "dispersion", "dropout",
-    "flocking", "football", "give_way", "joint_passage", "joint_passage_size", "multi_give_way",
-    "navigation", "passage", "reverse_transport", "road_traffic", "sampling", "transport", "wheel",
+    "balance",
+    "ball_passage",
+    "ball_trajectory",
+    "buzz_wire",
+    "discovery",
+    "dispersion",
+    "dropout",
+    "flocking",
+    "football",
+    "give_way",
+    "joint_passage",
+    "joint_passage_size",
+    "multi_give_way",
+    "navigation",
+    "passage",
+    "reverse_transport",
+    "road_traffic",
+    "sampling",
+    "transport",
+    "wheel",
     "wind_flocking",
-)  # fmt: skip
+)
 MPE_SCENARIOS = ("simple_spread_v3", "simple_reference_v3")
 KNOWN_ENV_IDS = [f"vmas/{name}" for name in VMAS_SCENARIOS] + [f"mpe/{name}" for name in MPE_SCENARIOS]
 
@@ -167,12 +192,26 @@ class VMASVecEnv:
     back to the host once; everything else stays on the device.
     """
 
-    def __init__(self, scenario: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-                 max_episode_steps: int):  # fmt: skip
+    def __init__(
+        self,
+        scenario: str,
+        num_envs: int,
+        device: torch.device,
+        seed: int,
+        continuous_actions: bool,
+        max_episode_steps: int,
+    ):
         import vmas
 
-        self.env = vmas.make_env(scenario, num_envs=num_envs, device=device, continuous_actions=continuous_actions,
-                                 seed=seed, max_steps=max_episode_steps, terminated_truncated=True)  # fmt: skip
+        self.env = vmas.make_env(
+            scenario,
+            num_envs=num_envs,
+            device=device,
+            continuous_actions=continuous_actions,
+            seed=seed,
+            max_steps=max_episode_steps,
+            terminated_truncated=True,
+        )
         self.num_envs, self.n_agents, self.device = num_envs, self.env.n_agents, device
         self.obs_dims = [space.shape[0] for space in self.env.observation_space]
         self.obs_dim = max(self.obs_dims)
@@ -180,9 +219,11 @@ class VMASVecEnv:
         self.action_spaces = list(self.env.action_space)
         first = self.action_spaces[0]
         self.same_action_space = all(
-            type(space) is type(first) and getattr(space, "shape", None) == first.shape and getattr(space, "n", None) == getattr(first, "n", None)
+            type(space) is type(first)
+            and getattr(space, "shape", None) == first.shape
+            and getattr(space, "n", None) == getattr(first, "n", None)
             for space in self.action_spaces
-        )  # fmt: skip
+        )
         if continuous_actions:
             self.act_dim = first.shape[0]
             self.action_low = torch.as_tensor(first.low, dtype=torch.float32, device=device)
@@ -210,15 +251,22 @@ class VMASVecEnv:
         self.episode_returns += rewards
         self.episode_lengths += 1
         done = terminated | truncated
-        info = {"episode_return": self.episode_returns.clone(), "episode_length": self.episode_lengths.clone(), "done": done}
+        info = {
+            "episode_return": self.episode_returns.clone(),
+            "episode_length": self.episode_lengths.clone(),
+            "done": done,
+        }
         final_obs = next_obs.clone()
         if done.all():  # worlds started together hit the time limit together: one batched reset
             next_obs = self._stack(self.env.reset())
         elif done.any():
             for index in done.nonzero().flatten().tolist():
                 self.env.reset_at(index, return_observations=False)
-            next_obs = self._stack(self.env.get_from_scenario(get_observations=True, get_rewards=False,
-                                                              get_infos=False, get_dones=False)[0])  # fmt: skip
+            next_obs = self._stack(
+                self.env.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)[
+                    0
+                ]
+            )
         self.episode_returns *= (~done).unsqueeze(1)
         self.episode_lengths *= ~done
         return next_obs, rewards, terminated, truncated, final_obs, info
@@ -237,11 +285,20 @@ class MPEVecEnv:
     `final_obs`.
     """
 
-    def __init__(self, name: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-                 max_episode_steps: int):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        num_envs: int,
+        device: torch.device,
+        seed: int,
+        continuous_actions: bool,
+        max_episode_steps: int,
+    ):
         module = importlib.import_module(f"mpe2.{name}")
-        self.envs = [module.parallel_env(max_cycles=max_episode_steps, continuous_actions=continuous_actions)
-                     for _ in range(num_envs)]  # fmt: skip
+        self.envs = [
+            module.parallel_env(max_cycles=max_episode_steps, continuous_actions=continuous_actions)
+            for _ in range(num_envs)
+        ]
         self.agents = list(self.envs[0].possible_agents)
         self.num_envs, self.n_agents, self.device, self.seed = num_envs, len(self.agents), device, seed
         self.obs_dims = [self.envs[0].observation_space(agent).shape[0] for agent in self.agents]
@@ -280,7 +337,9 @@ class MPEVecEnv:
         truncated = np.zeros(self.num_envs, dtype=bool)
         final_obs = np.zeros_like(self.obs)
         for index, env in enumerate(self.envs):
-            obs, reward, term, trunc, _ = env.step({name: actions[index, agent] for agent, name in enumerate(self.agents)})
+            obs, reward, term, trunc, _ = env.step(
+                {name: actions[index, agent] for agent, name in enumerate(self.agents)}
+            )
             self._write_obs(final_obs, index, obs)
             rewards[index] = [reward[name] for name in self.agents]
             terminated[index] = any(term[name] for name in self.agents)
@@ -291,22 +350,31 @@ class MPEVecEnv:
         self.episode_returns += rewards
         self.episode_lengths += 1
         done = terminated | truncated
-        info = {"episode_return": torch.as_tensor(self.episode_returns.copy(), device=self.device),
-                "episode_length": torch.as_tensor(self.episode_lengths.copy(), device=self.device),
-                "done": torch.as_tensor(done, device=self.device)}  # fmt: skip
+        info = {
+            "episode_return": torch.as_tensor(self.episode_returns.copy(), device=self.device),
+            "episode_length": torch.as_tensor(self.episode_lengths.copy(), device=self.device),
+            "done": torch.as_tensor(done, device=self.device),
+        }
         self.episode_returns[done] = 0
         self.episode_lengths[done] = 0
         to_device = lambda array: torch.as_tensor(array, device=self.device)
-        return (to_device(self.obs.copy()), to_device(rewards), to_device(terminated), to_device(truncated),
-                to_device(final_obs), info)  # fmt: skip
+        return (
+            to_device(self.obs.copy()),
+            to_device(rewards),
+            to_device(terminated),
+            to_device(truncated),
+            to_device(final_obs),
+            info,
+        )
 
     def close(self):
         for env in self.envs:
             env.close()
 
 
-def make_env(env_id: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-             max_episode_steps: int | None):  # fmt: skip
+def make_env(
+    env_id: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool, max_episode_steps: int | None
+):
     """env_id is "vmas/<scenario>" or "mpe/<task>"; max_episode_steps None takes the family's usual horizon
     (VMAS 100 steps, as in BenchMARL; MPE 25, as in the MPE papers)."""
     family, name = env_id.split("/", 1)
@@ -326,11 +394,19 @@ def global_state(obs: torch.Tensor) -> torch.Tensor:
 
 def validate(args: Args) -> None:
     """Check the arguments before any work; fail in one line."""
-    check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs, buffer_size=args.buffer_size,
-                   batch_size=args.batch_size, gradient_steps=args.gradient_steps, hidden_dim=args.hidden_dim,
-                   policy_frequency=args.policy_frequency,
-                   actor_learning_rate=args.actor_learning_rate, critic_learning_rate=args.critic_learning_rate,
-                   log_every=args.log_every, eval_episodes=args.eval_episodes)  # fmt: skip
+    check_positive(
+        total_timesteps=args.total_timesteps,
+        num_envs=args.num_envs,
+        buffer_size=args.buffer_size,
+        batch_size=args.batch_size,
+        gradient_steps=args.gradient_steps,
+        hidden_dim=args.hidden_dim,
+        policy_frequency=args.policy_frequency,
+        actor_learning_rate=args.actor_learning_rate,
+        critic_learning_rate=args.critic_learning_rate,
+        log_every=args.log_every,
+        eval_episodes=args.eval_episodes,
+    )
     if args.max_episode_steps is not None:
         check_positive(max_episode_steps=args.max_episode_steps)
     if args.checkpoint_every < 0:
@@ -340,20 +416,31 @@ def validate(args: Args) -> None:
     if args.learning_starts < 0:
         fail(f"--learning-starts must be 0 or positive, got {args.learning_starts}")
     if args.learning_starts >= args.total_timesteps:
-        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: "
-             f"nothing would be learned; lower --learning-starts")  # fmt: skip
+        fail(
+            f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: "
+            f"nothing would be learned; lower --learning-starts"
+        )
     if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
         fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
-    for flag, value in (("--exploration-noise", args.exploration_noise), ("--policy-noise", args.policy_noise),
-                        ("--noise-clip", args.noise_clip)):
+    for flag, value in (
+        ("--exploration-noise", args.exploration_noise),
+        ("--policy-noise", args.policy_noise),
+        ("--noise-clip", args.noise_clip),
+    ):
         if not value >= 0:
             fail(f"{flag} must be 0 or positive, got {value}")
     if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch")
+        fail(
+            f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch"
+        )
     if args.num_envs > args.buffer_size:
-        fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself")
+        fail(
+            f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself"
+        )
     if args.capture_video:
-        fail(f"--capture-video is not supported by {args.exp_name}.py: VMAS renders through pyglet, which needs a display stack")
+        fail(
+            f"--capture-video is not supported by {args.exp_name}.py: VMAS renders through pyglet, which needs a display stack"
+        )
     message = check_env_id(args.env_id)
     if message:
         fail(message)
@@ -363,11 +450,15 @@ def validate(args: Args) -> None:
 
 def check_action_spaces(envs, script: str) -> None:
     """Parameter sharing needs one action space for all agents; fail in one line otherwise."""
-    same_bounds = all(np.array_equal(space.low, envs.action_spaces[0].low) and np.array_equal(space.high, envs.action_spaces[0].high)
-                      for space in envs.action_spaces)  # fmt: skip
+    same_bounds = all(
+        np.array_equal(space.low, envs.action_spaces[0].low) and np.array_equal(space.high, envs.action_spaces[0].high)
+        for space in envs.action_spaces
+    )
     if not envs.same_action_space or not same_bounds:
-        fail(f"{script} shares one actor across agents, but the agents of this scenario have different action spaces: "
-             f"{', '.join(str(space) for space in envs.action_spaces)}")  # fmt: skip
+        fail(
+            f"{script} shares one actor across agents, but the agents of this scenario have different action spaces: "
+            f"{', '.join(str(space) for space in envs.action_spaces)}"
+        )
 
 
 def build_envs(args: Args, device: torch.device, seed: int, num_envs: int):
@@ -420,7 +511,9 @@ class Actor(nn.Module):
     """The deterministic policy shared by all agents: a ReLU MLP on [own observation, one-hot id],
     tanh output scaled to the action bounds."""
 
-    def __init__(self, obs_dim: int, n_agents: int, action_low: torch.Tensor, action_high: torch.Tensor, hidden_dim: int = 256):
+    def __init__(
+        self, obs_dim: int, n_agents: int, action_low: torch.Tensor, action_high: torch.Tensor, hidden_dim: int = 256
+    ):
         super().__init__()
         self.fc1 = nn.Linear(obs_dim + n_agents, hidden_dim)
         self.fc2 = nn.Linear(hidden_dim, hidden_dim)
@@ -445,18 +538,28 @@ class TwinCritic(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, n_agents: int, hidden_dim: int = 256, num_critics: int = 2):
         super().__init__()
         in_dim = n_agents * (obs_dim + act_dim) + n_agents
-        critics = [(nn.Linear(in_dim, hidden_dim), nn.Linear(hidden_dim, hidden_dim), nn.Linear(hidden_dim, 1)) for _ in range(num_critics)]
+        critics = [
+            (nn.Linear(in_dim, hidden_dim), nn.Linear(hidden_dim, hidden_dim), nn.Linear(hidden_dim, 1))
+            for _ in range(num_critics)
+        ]
         fc1, fc2, fc3 = zip(*critics)
 
         def stack(tensors: list[torch.Tensor]) -> nn.Parameter:
             return nn.Parameter(torch.stack([tensor.detach() for tensor in tensors]))
 
-        self.w1, self.b1 = stack([fc.weight.T for fc in fc1]), stack([fc.bias[None] for fc in fc1])  # [n, in, h], [n, 1, h]
-        self.w2, self.b2 = stack([fc.weight.T for fc in fc2]), stack([fc.bias[None] for fc in fc2])  # [n, h, h], [n, 1, h]
+        self.w1, self.b1 = (
+            stack([fc.weight.T for fc in fc1]),
+            stack([fc.bias[None] for fc in fc1]),
+        )  # [n, in, h], [n, 1, h]
+        self.w2, self.b2 = (
+            stack([fc.weight.T for fc in fc2]),
+            stack([fc.bias[None] for fc in fc2]),
+        )  # [n, h, h], [n, 1, h]
         self.w3, self.b3 = stack([fc.weight for fc in fc3]), stack([fc.bias for fc in fc3])  # [n, 1, h], [n, 1]
 
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor, num_critics: int | None = None,
-                frozen: bool = False) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, obs: torch.Tensor, actions: torch.Tensor, num_critics: int | None = None, frozen: bool = False
+    ) -> torch.Tensor:
         """Q-values [num_critics, B, n_agents] of the first `num_critics` critics (all by default);
         see critic_input for the shapes.
 
@@ -492,10 +595,22 @@ class ReplayBuffer:
         self.next_obs = torch.zeros((buffer_size, n_agents, obs_dim), device=device)
 
     def fields(self) -> dict[str, torch.Tensor]:
-        return {"obs": self.obs, "actions": self.actions, "rewards": self.rewards, "terminations": self.terminations, "next_obs": self.next_obs}
+        return {
+            "obs": self.obs,
+            "actions": self.actions,
+            "rewards": self.rewards,
+            "terminations": self.terminations,
+            "next_obs": self.next_obs,
+        }
 
-    def add(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, terminations: torch.Tensor,
-            next_obs: torch.Tensor) -> None:  # fmt: skip
+    def add(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        terminations: torch.Tensor,
+        next_obs: torch.Tensor,
+    ) -> None:
         """Store one step of every world; next_obs is the true next observation (final_obs)."""
         indices = (self.pos + torch.arange(len(obs), device=obs.device)) % self.buffer_size
         for storage, value in zip(self.fields().values(), (obs, actions, rewards, terminations.float(), next_obs)):
@@ -509,7 +624,11 @@ class ReplayBuffer:
         return tuple(storage[indices] for storage in self.fields().values())
 
     def state_dict(self) -> dict:
-        return {"pos": self.pos, "size": self.size, **{name: value[: self.size].cpu() for name, value in self.fields().items()}}
+        return {
+            "pos": self.pos,
+            "size": self.size,
+            **{name: value[: self.size].cpu() for name, value in self.fields().items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.pos, self.size = state["pos"], state["size"]
@@ -525,14 +644,21 @@ def random_actions(shape: tuple[int, ...], low: torch.Tensor, high: torch.Tensor
     return low + (high - low) * torch.rand((*shape, len(low)), device=low.device)
 
 
-def add_exploration_noise(actions: torch.Tensor, action_scale: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
-                          noise_std: float) -> torch.Tensor:  # fmt: skip
+def add_exploration_noise(
+    actions: torch.Tensor, action_scale: torch.Tensor, low: torch.Tensor, high: torch.Tensor, noise_std: float
+) -> torch.Tensor:
     """actions + N(0, (noise_std * action_scale)^2) per dimension, clipped to [low, high]."""
     return torch.clamp(actions + torch.randn_like(actions) * (noise_std * action_scale), low, high)
 
 
-def smooth_target_actions(target_actions: torch.Tensor, action_scale: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
-                          policy_noise: float, noise_clip: float) -> torch.Tensor:  # fmt: skip
+def smooth_target_actions(
+    target_actions: torch.Tensor,
+    action_scale: torch.Tensor,
+    low: torch.Tensor,
+    high: torch.Tensor,
+    policy_noise: float,
+    noise_clip: float,
+) -> torch.Tensor:
     """Target policy smoothing: noise N(0, policy_noise^2) clipped to +-noise_clip, both in units
     of the action half-range (so scaled by action_scale), added to the target actor's actions,
     and the result clipped to [low, high]."""
@@ -547,13 +673,21 @@ def td_target(rewards: torch.Tensor, next_q: torch.Tensor, terminations: torch.T
     return rewards + gamma * next_q * (1.0 - terminations).unsqueeze(-1)
 
 
-def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, seed: int = 0,
-             capture_video: bool = False, video_dir: Path | None = None) -> list[float]:  # fmt: skip
+def evaluate(
+    model_path: str | Path,
+    eval_episodes: int,
+    device: torch.device,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Path | None = None,
+) -> list[float]:
     """Reload a model saved by this script and return the team returns (sum over agents) of the first
     episode of `eval_episodes` worlds under its deterministic actor (no noise)."""
     model = load_model(model_path, EXP_NAME)
     if capture_video:
-        fail(f"--capture-video is not supported by {EXP_NAME}.py: VMAS renders through pyglet, which needs a display stack")
+        fail(
+            f"--capture-video is not supported by {EXP_NAME}.py: VMAS renders through pyglet, which needs a display stack"
+        )
     saved = model["args"]
     envs = make_env(model["env_id"], eval_episodes, device, seed, True, saved["max_episode_steps"])
     zeros = torch.zeros(model["act_dim"])
@@ -616,8 +750,15 @@ if __name__ == "__main__":
     # Finished episodes since the last log: count, sum of lengths, sum of team returns, per-agent sums.
     episode_stats = torch.zeros(3 + n_agents, dtype=torch.float64, device=device)
     # Everything a checkpoint holds besides counters, random generators and the statistics.
-    stateful = {"actor": actor, "critic": critic, "target_actor": target_actor, "target_critic": target_critic,
-                "actor_optimizer": actor_optimizer, "critic_optimizer": critic_optimizer, "replay_buffer": rb}  # fmt: skip
+    stateful = {
+        "actor": actor,
+        "critic": critic,
+        "target_actor": target_actor,
+        "target_critic": target_critic,
+        "actor_optimizer": actor_optimizer,
+        "critic_optimizer": critic_optimizer,
+        "replay_buffer": rb,
+    }
     online_params = [*actor.parameters(), *critic.parameters()]
     target_params = [*target_actor.parameters(), *target_critic.parameters()]
 
@@ -625,8 +766,9 @@ if __name__ == "__main__":
         """Each critic's mean squared TD error over the batch and the agents [2], and the Q-values
         [2, B, n_agents], towards the clipped double-Q target of the smoothed target joint action."""
         with torch.no_grad():
-            next_actions = smooth_target_actions(target_actor(next_obs), actor.action_scale, low, high,
-                                                 args.policy_noise, args.noise_clip)  # fmt: skip
+            next_actions = smooth_target_actions(
+                target_actor(next_obs), actor.action_scale, low, high, args.policy_noise, args.noise_clip
+            )
             next_q = target_critic(next_obs, next_actions).amin(dim=0)
             target = td_target(rewards, next_q, terminations, args.gamma)
         q_values = critic(obs, actions)
@@ -652,13 +794,23 @@ if __name__ == "__main__":
     def write_checkpoint() -> Path:
         path = run.dir / CHECKPOINT_NAME
         writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(path, args, global_step=global_step, vector_step=vector_step, updates=updates,
-                        **{key: module.state_dict() for key, module in stateful.items()}, episode_stats=episode_stats.cpu(),
-                        latest={key: value.cpu() for key, value in latest.items()}, wandb_id=run.wandb_id)  # fmt: skip
+        save_checkpoint(
+            path,
+            args,
+            global_step=global_step,
+            vector_step=vector_step,
+            updates=updates,
+            **{key: module.state_dict() for key, module in stateful.items()},
+            episode_stats=episode_stats.cpu(),
+            latest={key: value.cpu() for key, value in latest.items()},
+            wandb_id=run.wandb_id,
+        )
         return path
 
     progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_checkpoint = (
+        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    )
     start_time, start_step = time.time(), global_step
 
     while global_step < args.total_timesteps:
@@ -674,8 +826,12 @@ if __name__ == "__main__":
         global_step, vector_step = global_step + args.num_envs, vector_step + 1
         done = info["done"].double()
         episode_returns = info["episode_return"].double()
-        episode_stats += torch.cat([torch.stack([done.sum(), (info["episode_length"] * done).sum(), (episode_returns.sum(1) * done).sum()]),
-                                    (episode_returns * done.unsqueeze(1)).sum(0)])  # fmt: skip
+        episode_stats += torch.cat(
+            [
+                torch.stack([done.sum(), (info["episode_length"] * done).sum(), (episode_returns.sum(1) * done).sum()]),
+                (episode_returns * done.unsqueeze(1)).sum(0),
+            ]
+        )
 
         # Learn: --gradient-steps critic steps per vector step, once learning has started; the actor
         # and the targets follow every --policy-frequency critic steps (delayed).
@@ -687,8 +843,12 @@ if __name__ == "__main__":
                 qf_losses.sum().backward()
                 critic_optimizer.step()
                 updates += 1
-                latest.update(qf1_loss=qf_losses[0].detach(), qf2_loss=qf_losses[1].detach(),
-                              qf1_values=q_values[0].detach().mean(), qf2_values=q_values[1].detach().mean())  # fmt: skip
+                latest.update(
+                    qf1_loss=qf_losses[0].detach(),
+                    qf2_loss=qf_losses[1].detach(),
+                    qf1_values=q_values[0].detach().mean(),
+                    qf2_values=q_values[1].detach().mean(),
+                )
                 if updates % args.policy_frequency == 0:
                     loss = actor_loss(batch[0], batch[1])
                     actor_optimizer.zero_grad()
@@ -736,12 +896,21 @@ if __name__ == "__main__":
 
     if args.save_model:
         model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(model_path, args, actor=actor.state_dict(), critic=critic.state_dict(), n_agents=n_agents, obs_dim=obs_dim,
-                   act_dim=act_dim)  # fmt: skip
+        save_model(
+            model_path,
+            args,
+            actor=actor.state_dict(),
+            critic=critic.state_dict(),
+            n_agents=n_agents,
+            obs_dim=obs_dim,
+            act_dim=act_dim,
+        )
         print(f"model saved to {model_path}")
         episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000)
         for idx, episodic_return in enumerate(episodic_returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.2f} +- {np.std(episodic_returns):.2f}")
+        print(
+            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.2f} +- {np.std(episodic_returns):.2f}"
+        )
 
     run.close()

@@ -122,17 +122,26 @@ class Args:
 
 def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
-    check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs, num_steps=args.num_steps,
-                   num_minibatches=args.num_minibatches, update_epochs=args.update_epochs,
-                   learning_rate=args.learning_rate, eval_episodes=args.eval_episodes, torch_threads=args.torch_threads)
+    check_positive(
+        total_timesteps=args.total_timesteps,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        num_minibatches=args.num_minibatches,
+        update_epochs=args.update_epochs,
+        learning_rate=args.learning_rate,
+        eval_episodes=args.eval_episodes,
+        torch_threads=args.torch_threads,
+    )
     if args.checkpoint_every < 0:
         fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma} and {args.gae_lambda}")
     args.batch_size = args.num_envs * args.num_steps
     if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
-             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
+            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})"
+        )
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations == 0:
@@ -142,7 +151,9 @@ def validate(args: Args) -> None:
     action_space, observation_space = probe.action_space, probe.observation_space
     probe.close()
     if not isinstance(action_space, gym.spaces.Discrete):
-        fail(f"ppo.py handles Discrete actions but {args.env_id} has {action_space}; use cleanrl/ppo_continuous_action.py")
+        fail(
+            f"ppo.py handles Discrete actions but {args.env_id} has {action_space}; use cleanrl/ppo_continuous_action.py"
+        )
     if not isinstance(observation_space, gym.spaces.Box):
         fail(f"ppo.py needs Box observations but {args.env_id} has {observation_space}")
 
@@ -262,8 +273,14 @@ def compute_gae(
     return advantages
 
 
-def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, seed: int = 0,
-             capture_video: bool = False, video_dir: Path | None = None) -> list[float]:
+def evaluate(
+    model_path: str | Path,
+    eval_episodes: int,
+    device: torch.device,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Path | None = None,
+) -> list[float]:
     """Reload a model saved by this script and return the episodic returns of the policy."""
     model = load_model(model_path, "ppo")
     envs = make_envs(model["env_id"], 1, capture_video, video_dir)
@@ -317,7 +334,9 @@ if __name__ == "__main__":
         optimizer.load_state_dict(checkpoint["optimizer"])
         envs = restore_envs(envs, checkpoint["envs"])
         if checkpoint["envs"] is None:
-            print("the environments could not be saved with the checkpoint (video recording?): resuming with fresh ones")
+            print(
+                "the environments could not be saved with the checkpoint (video recording?): resuming with fresh ones"
+            )
         else:
             next_obs_np = checkpoint["next_obs"]
         restore_rng_state(checkpoint["rng"])
@@ -327,13 +346,23 @@ if __name__ == "__main__":
     def write_checkpoint(iteration: int) -> Path:
         writer.flush()  # events before the checkpoint must be on disk: a resumed run purges the later ones
         path = run.dir / CHECKPOINT_NAME
-        save_checkpoint(path, args, global_step=global_step, iteration=iteration, agent=agent.state_dict(),
-                        optimizer=optimizer.state_dict(), envs=snapshot_envs(envs), next_obs=next_obs.cpu().numpy(),
-                        wandb_id=run.wandb_id)
+        save_checkpoint(
+            path,
+            args,
+            global_step=global_step,
+            iteration=iteration,
+            agent=agent.state_dict(),
+            optimizer=optimizer.state_dict(),
+            envs=snapshot_envs(envs),
+            next_obs=next_obs.cpu().numpy(),
+            wandb_id=run.wandb_id,
+        )
         return path
 
     progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_checkpoint = (
+        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    )
     start_time, start_step = time.time(), global_step
 
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -357,10 +386,14 @@ if __name__ == "__main__":
                 # Bootstrapping needs the true final observation only where the time limit cut an episode.
                 bootstrap_final = truncated & ~terminated
                 if bootstrap_final.any():
-                    storage.final_obs[step, bootstrap_final] = np.stack(infos["final_obs"][bootstrap_final]).reshape(-1, obs_dim)
+                    storage.final_obs[step, bootstrap_final] = np.stack(infos["final_obs"][bootstrap_final]).reshape(
+                        -1, obs_dim
+                    )
                 if "episode" in infos:
                     finished = infos["_episode"]
-                    for episodic_return, episodic_length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+                    for episodic_return, episodic_length in zip(
+                        infos["episode"]["r"][finished], infos["episode"]["l"][finished]
+                    ):
                         writer.add_scalar("charts/episodic_return", episodic_return, global_step)
                         writer.add_scalar("charts/episodic_length", episodic_length, global_step)
                     progress.add_returns(infos["episode"]["r"][finished])
@@ -376,7 +409,9 @@ if __name__ == "__main__":
                 next_values = torch.where(truncations * (1 - terminations) > 0, final_values, next_values)
                 storage.final_obs.fill(0.0)
             values = values[:-1]
-            advantages = compute_gae(rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda)
+            advantages = compute_gae(
+                rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
+            )
             returns = advantages + values
 
             b_obs = storage.obs.reshape(-1, obs_dim)
@@ -416,7 +451,9 @@ if __name__ == "__main__":
                 # Value loss
                 if args.clip_vloss:
                     v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                    v_clipped = b_values[mb_inds] + torch.clamp(newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef)
+                    v_clipped = b_values[mb_inds] + torch.clamp(
+                        newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
+                    )
                     v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
                     v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                 else:
@@ -438,9 +475,21 @@ if __name__ == "__main__":
         with torch.no_grad():
             var_y = b_returns.var()
             explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var() / var_y)
-            stats = torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl,
-                                 clipped / (args.num_minibatches * (epoch + 1)), explained_var]).tolist()
-        for name, value in zip(["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"], stats):
+            stats = torch.stack(
+                [
+                    v_loss,
+                    pg_loss,
+                    entropy_loss,
+                    old_approx_kl,
+                    approx_kl,
+                    clipped / (args.num_minibatches * (epoch + 1)),
+                    explained_var,
+                ]
+            ).tolist()
+        for name, value in zip(
+            ["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"],
+            stats,
+        ):
             writer.add_scalar(f"losses/{name}", value, global_step)
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
@@ -449,7 +498,9 @@ if __name__ == "__main__":
         for name, value in zip(["value_loss", "policy_loss", "entropy"], stats):
             if not np.isfinite(value):
                 path = write_checkpoint(iteration)
-                fail(f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}")
+                fail(
+                    f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}"
+                )
         if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
             path = write_checkpoint(iteration)
             if next_checkpoint is not None:
@@ -467,10 +518,18 @@ if __name__ == "__main__":
         model_path = run.dir / f"{args.exp_name}.cleanrl_model"
         save_model(model_path, args, agent=agent.state_dict(), obs_dim=obs_dim, n_actions=n_actions)
         print(f"model saved to {model_path}")
-        episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000,
-                                    capture_video=args.capture_video, video_dir=run.dir / "videos" / "eval")
+        episodic_returns = evaluate(
+            model_path,
+            args.eval_episodes,
+            device,
+            seed=args.seed + 1_000,
+            capture_video=args.capture_video,
+            video_dir=run.dir / "videos" / "eval",
+        )
         for idx, episodic_return in enumerate(episodic_returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}")
+        print(
+            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
+        )
 
     run.close()

@@ -158,18 +158,28 @@ def register_env_family(env_id: str) -> None:
 
 def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
-    check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs, num_steps=args.num_steps,
-                   num_minibatches=args.num_minibatches, update_epochs=args.update_epochs,
-                   learning_rate=args.learning_rate, clip_obs=args.clip_obs, clip_reward=args.clip_reward,
-                   eval_episodes=args.eval_episodes, torch_threads=args.torch_threads)
+    check_positive(
+        total_timesteps=args.total_timesteps,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        num_minibatches=args.num_minibatches,
+        update_epochs=args.update_epochs,
+        learning_rate=args.learning_rate,
+        clip_obs=args.clip_obs,
+        clip_reward=args.clip_reward,
+        eval_episodes=args.eval_episodes,
+        torch_threads=args.torch_threads,
+    )
     if args.checkpoint_every < 0:
         fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma} and {args.gae_lambda}")
     args.batch_size = args.num_envs * args.num_steps
     if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
-             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
+            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})"
+        )
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations == 0:
@@ -184,12 +194,16 @@ def validate(args: Args) -> None:
     action_space, observation_space = probe.action_space, probe.observation_space
     probe.close()
     if isinstance(action_space, gym.spaces.Discrete):
-        fail(f"ppo_continuous_action.py handles Box (continuous) actions but {args.env_id} has {action_space}; use cleanrl/ppo.py")
+        fail(
+            f"ppo_continuous_action.py handles Box (continuous) actions but {args.env_id} has {action_space}; use cleanrl/ppo.py"
+        )
     if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
         fail(f"ppo_continuous_action.py needs a one-dimensional Box action space but {args.env_id} has {action_space}")
     boxes = observation_space.values() if isinstance(observation_space, gym.spaces.Dict) else [observation_space]
     if not all(isinstance(space, gym.spaces.Box) for space in boxes):
-        fail(f"ppo_continuous_action.py needs Box (or Dict of Box) observations but {args.env_id} has {observation_space}")
+        fail(
+            f"ppo_continuous_action.py needs Box (or Dict of Box) observations but {args.env_id} has {observation_space}"
+        )
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: Path | None):
@@ -222,8 +236,10 @@ def action_bounds(envs, device: torch.device) -> tuple[torch.Tensor, torch.Tenso
     """The action space's bounds as float32 device tensors. Actions are clipped to them on the way
     to the environment; the policy's unclipped sample is what the rollout stores and the update scores."""
     space = envs.single_action_space
-    return (torch.as_tensor(space.low, dtype=torch.float32, device=device),
-            torch.as_tensor(space.high, dtype=torch.float32, device=device))
+    return (
+        torch.as_tensor(space.low, dtype=torch.float32, device=device),
+        torch.as_tensor(space.high, dtype=torch.float32, device=device),
+    )
 
 
 class RunningMeanStd(nn.Module):
@@ -249,7 +265,9 @@ class RunningMeanStd(nn.Module):
         total = self.count + n
         self.mean.add_(delta, alpha=n / total)
         # var = (var * count + batch_var * n + delta^2 * count * n / total) / total, in place
-        self.var.mul_(self.count / total).add_(batch_var, alpha=n / total).addcmul_(delta, delta, value=self.count * n / total**2)
+        self.var.mul_(self.count / total).add_(batch_var, alpha=n / total).addcmul_(
+            delta, delta, value=self.count * n / total**2
+        )
         self.count = total
 
     def normalize(self, x: torch.Tensor, clip: float) -> torch.Tensor:
@@ -395,8 +413,15 @@ def compute_gae(
     return torch.stack(advantages[::-1])
 
 
-def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, seed: int = 0,
-             capture_video: bool = False, video_dir: Path | None = None, deterministic: bool = True) -> list[float]:
+def evaluate(
+    model_path: str | Path,
+    eval_episodes: int,
+    device: torch.device,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Path | None = None,
+    deterministic: bool = True,
+) -> list[float]:
     """Reload a model saved by this script and return the episodic returns of its policy (the
     mean action; deterministic=False samples), on observations normalised with the saved
     statistics, which stay frozen."""
@@ -467,7 +492,9 @@ if __name__ == "__main__":
         reward_scaler.load_state_dict(checkpoint["reward_scaler"])
         envs = restore_envs(envs, checkpoint["envs"])
         if checkpoint["envs"] is None:
-            print("the environments could not be saved with the checkpoint (dm_control, video recording): resuming with fresh ones")
+            print(
+                "the environments could not be saved with the checkpoint (dm_control, video recording): resuming with fresh ones"
+            )
             reward_scaler.carry.zero_()  # the fresh environments start new episodes
         else:
             next_obs = torch.as_tensor(checkpoint["next_obs"], device=device)
@@ -481,14 +508,25 @@ if __name__ == "__main__":
     def write_checkpoint(iteration: int) -> Path:
         path = run.dir / CHECKPOINT_NAME
         writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(path, args, global_step=global_step, iteration=iteration, agent=agent.state_dict(),
-                        optimizer=optimizer.state_dict(), obs_rms=obs_rms.state_dict(),
-                        reward_scaler=reward_scaler.state_dict(), envs=snapshot_envs(envs),
-                        next_obs=next_obs.cpu().numpy(), wandb_id=run.wandb_id)
+        save_checkpoint(
+            path,
+            args,
+            global_step=global_step,
+            iteration=iteration,
+            agent=agent.state_dict(),
+            optimizer=optimizer.state_dict(),
+            obs_rms=obs_rms.state_dict(),
+            reward_scaler=reward_scaler.state_dict(),
+            envs=snapshot_envs(envs),
+            next_obs=next_obs.cpu().numpy(),
+            wandb_id=run.wandb_id,
+        )
         return path
 
     progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_checkpoint = (
+        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    )
     start_time, start_step = time.time(), global_step
     columns = [obs_dim, act_dim, 1, 1, 1, 1]  # obs | action | log-prob | advantage | return | value
     advantage_column = obs_dim + act_dim + 1
@@ -507,7 +545,9 @@ if __name__ == "__main__":
                 storage.obs[step] = next_obs
                 action = agent.sample_action(next_obs, noise[step])
                 storage.actions[step] = action
-                next_obs_np, reward, terminated, truncated, infos = envs.step(action.clamp(action_low, action_high).cpu().numpy())
+                next_obs_np, reward, terminated, truncated, infos = envs.step(
+                    action.clamp(action_low, action_high).cpu().numpy()
+                )
                 raw_obs = torch.as_tensor(next_obs_np, device=device).view(args.num_envs, obs_dim)
                 obs_rms.update(raw_obs)
                 next_obs = obs_rms.normalize(raw_obs, args.clip_obs)
@@ -519,10 +559,13 @@ if __name__ == "__main__":
                 if bootstrap_final.any():
                     final_obs = torch.as_tensor(np.stack(infos["final_obs"][bootstrap_final]), device=device)
                     storage.final_obs[step, torch.as_tensor(bootstrap_final, device=device)] = obs_rms.normalize(
-                        final_obs.view(-1, obs_dim), args.clip_obs)
+                        final_obs.view(-1, obs_dim), args.clip_obs
+                    )
                 if "episode" in infos:
                     finished = infos["_episode"]
-                    for episodic_return, episodic_length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+                    for episodic_return, episodic_length in zip(
+                        infos["episode"]["r"][finished], infos["episode"]["l"][finished]
+                    ):
                         writer.add_scalar("charts/episodic_return", episodic_return, global_step)
                         writer.add_scalar("charts/episodic_length", episodic_length, global_step)
                     progress.add_returns(infos["episode"]["r"][finished])
@@ -538,11 +581,22 @@ if __name__ == "__main__":
                 final_values = agent.get_value(storage.final_obs).squeeze(-1)
                 next_values = torch.where(truncations * (1 - terminations) > 0, final_values, next_values)
                 storage.final_obs.zero_()
-            advantages = compute_gae(rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda)
+            advantages = compute_gae(
+                rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
+            )
             returns = advantages + values
             # The whole batch in one tensor, so a minibatch is a slice of one shuffled copy.
-            b_data = torch.cat([storage.obs.view(args.batch_size, obs_dim), storage.actions.view(args.batch_size, act_dim),
-                                logprobs.view(-1, 1), advantages.view(-1, 1), returns.view(-1, 1), values.view(-1, 1)], dim=1)
+            b_data = torch.cat(
+                [
+                    storage.obs.view(args.batch_size, obs_dim),
+                    storage.actions.view(args.batch_size, act_dim),
+                    logprobs.view(-1, 1),
+                    advantages.view(-1, 1),
+                    returns.view(-1, 1),
+                    values.view(-1, 1),
+                ],
+                dim=1,
+            )
             b_returns, b_values = returns.view(-1), values.view(-1)
 
         # Optimise the policy and value network
@@ -597,9 +651,21 @@ if __name__ == "__main__":
         with torch.no_grad():
             var_y = b_returns.var()
             explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var() / var_y)
-            stats = torch.stack([v_loss, pg_loss, agent.entropy(), old_approx_kl, approx_kl,
-                                 ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean(), explained_var]).tolist()
-        for name, value in zip(["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"], stats):
+            stats = torch.stack(
+                [
+                    v_loss,
+                    pg_loss,
+                    agent.entropy(),
+                    old_approx_kl,
+                    approx_kl,
+                    ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean(),
+                    explained_var,
+                ]
+            ).tolist()
+        for name, value in zip(
+            ["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"],
+            stats,
+        ):
             writer.add_scalar(f"losses/{name}", value, global_step)
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
@@ -608,7 +674,9 @@ if __name__ == "__main__":
         for name, value in zip(["value_loss", "policy_loss", "entropy"], stats):
             if not np.isfinite(value):
                 path = write_checkpoint(iteration)
-                fail(f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}")
+                fail(
+                    f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}"
+                )
         if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
             path = write_checkpoint(iteration)
             if next_checkpoint is not None:
@@ -624,13 +692,28 @@ if __name__ == "__main__":
 
     if args.save_model:
         model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(model_path, args, agent=agent.state_dict(), obs_rms=obs_rms.state_dict(),
-                   return_rms=reward_scaler.return_rms.state_dict(), obs_dim=obs_dim, act_dim=act_dim)
+        save_model(
+            model_path,
+            args,
+            agent=agent.state_dict(),
+            obs_rms=obs_rms.state_dict(),
+            return_rms=reward_scaler.return_rms.state_dict(),
+            obs_dim=obs_dim,
+            act_dim=act_dim,
+        )
         print(f"model saved to {model_path}")
-        episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000,
-                                    capture_video=args.capture_video, video_dir=run.dir / "videos" / "eval")
+        episodic_returns = evaluate(
+            model_path,
+            args.eval_episodes,
+            device,
+            seed=args.seed + 1_000,
+            capture_video=args.capture_video,
+            video_dir=run.dir / "videos" / "eval",
+        )
         for idx, episodic_return in enumerate(episodic_returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}")
+        print(
+            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
+        )
 
     run.close()

@@ -66,7 +66,6 @@ if importlib.util.find_spec("isaacgym") is not None:
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 
 from cleanrl_utils.checkpoint import (
@@ -172,14 +171,28 @@ class Args:
 
 # --- the simulators ---------------------------------------------------------------------------------
 
-ISAACGYM_INSTALL = ("--simulator isaacgym needs Isaac Gym, which no package registry has: in a Python 3.8 "
-                    "environment, pip install NVIDIA's Isaac Gym Preview 4 tarball (isaacgym/python) and "
-                    "isaacgymenvs (github.com/isaac-sim/IsaacGymEnvs); see the README")
+ISAACGYM_INSTALL = (
+    "--simulator isaacgym needs Isaac Gym, which no package registry has: in a Python 3.8 "
+    "environment, pip install NVIDIA's Isaac Gym Preview 4 tarball (isaacgym/python) and "
+    "isaacgymenvs (github.com/isaac-sim/IsaacGymEnvs); see the README"
+)
 
 
 # Some of isaacgymenvs's tasks, to tell a user without Isaac Gym why a task name is unknown.
-ISAACGYM_TASKS = ["Ant", "Anymal", "AnymalTerrain", "AllegroHand", "BallBalance", "Cartpole", "FrankaCabinet",
-                  "Humanoid", "Ingenuity", "Quadcopter", "ShadowHand", "Trifinger"]
+ISAACGYM_TASKS = [
+    "Ant",
+    "Anymal",
+    "AnymalTerrain",
+    "AllegroHand",
+    "BallBalance",
+    "Cartpole",
+    "FrankaCabinet",
+    "Humanoid",
+    "Ingenuity",
+    "Quadcopter",
+    "ShadowHand",
+    "Trifinger",
+]
 
 
 def isaacgym_available() -> bool:
@@ -237,7 +250,9 @@ class MuJoCoWarpVecEnv:
         self.mjw, self.wp = mjw, wp
         self.task = task = WARP_TASKS[env_id]
         self.env_id, self.num_envs, self.device = env_id, num_envs, device
-        mjm = mujoco.MjModel.from_xml_path(os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets", task.xml))
+        mjm = mujoco.MjModel.from_xml_path(
+            os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets", task.xml)
+        )
         if env_id == "Ant":
             mjm.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
         if env_id == "Humanoid":
@@ -251,7 +266,11 @@ class MuJoCoWarpVecEnv:
         self.qpos, self.qvel, self.ctrl = wp.to_torch(d.qpos), wp.to_torch(d.qvel), wp.to_torch(d.ctrl)
         self.time, self.qacc_warmstart = wp.to_torch(d.time), wp.to_torch(d.qacc_warmstart)
         self.xpos, self.xipos, self.cfrc_ext = wp.to_torch(d.xpos), wp.to_torch(d.xipos), wp.to_torch(d.cfrc_ext)
-        self.cinert, self.cvel, self.qfrc_actuator = wp.to_torch(d.cinert), wp.to_torch(d.cvel), wp.to_torch(d.qfrc_actuator)
+        self.cinert, self.cvel, self.qfrc_actuator = (
+            wp.to_torch(d.cinert),
+            wp.to_torch(d.cvel),
+            wp.to_torch(d.qfrc_actuator),
+        )
         self.init_qpos = torch.as_tensor(mjm.qpos0, dtype=torch.float32, device=device)
         self.body_mass = torch.as_tensor(mjm.body_mass, dtype=torch.float32, device=device)
         ctrl_range = torch.as_tensor(mjm.actuator_ctrlrange, dtype=torch.float32, device=device)
@@ -296,8 +315,17 @@ class MuJoCoWarpVecEnv:
             contact = self.cfrc_ext[:, 1:].clamp(-1.0, 1.0).flatten(1)
             return torch.cat([qpos[:, 2:], qvel, contact], dim=1)
         if self.env_id == "Humanoid":
-            return torch.cat([qpos[:, 2:], qvel, self.cinert[:, 1:].flatten(1), self.cvel[:, 1:].flatten(1),
-                              self.qfrc_actuator[:, 6:], self.cfrc_ext[:, 1:].flatten(1)], dim=1)
+            return torch.cat(
+                [
+                    qpos[:, 2:],
+                    qvel,
+                    self.cinert[:, 1:].flatten(1),
+                    self.cvel[:, 1:].flatten(1),
+                    self.qfrc_actuator[:, 6:],
+                    self.cfrc_ext[:, 1:].flatten(1),
+                ],
+                dim=1,
+            )
         if self.env_id == "HalfCheetah":
             return torch.cat([qpos[:, 1:], qvel], dim=1)
         return torch.cat([qpos[:, 1:], qvel.clamp(-10.0, 10.0)], dim=1)  # Hopper, Walker2d
@@ -311,7 +339,12 @@ class MuJoCoWarpVecEnv:
             return (qpos[:, 2] > 1.0) & (qpos[:, 2] < 2.0)
         if self.env_id == "Hopper":
             state = torch.cat([qpos[:, 2:], qvel], dim=1)
-            return ((state > -100.0) & (state < 100.0)).all(1) & (qpos[:, 1] > 0.7) & (qpos[:, 2] > -0.2) & (qpos[:, 2] < 0.2)
+            return (
+                ((state > -100.0) & (state < 100.0)).all(1)
+                & (qpos[:, 1] > 0.7)
+                & (qpos[:, 2] > -0.2)
+                & (qpos[:, 2] < 0.2)
+            )
         if self.env_id == "Walker2d":
             return (qpos[:, 1] > 0.8) & (qpos[:, 1] < 2.0) & (qpos[:, 2] > -1.0) & (qpos[:, 2] < 1.0)
         return torch.ones(self.num_envs, dtype=torch.bool, device=self.device)  # HalfCheetah
@@ -352,7 +385,7 @@ class MuJoCoWarpVecEnv:
         contact forces (mj_resetData), so the reset worlds' cfrc_ext rows are zero."""
         fresh = self._observe()
         if self.env_id in ("Ant", "Humanoid"):
-            contacts = fresh[:, -self.contact_dims:]
+            contacts = fresh[:, -self.contact_dims :]
             contacts.copy_(torch.where(mask[:, None], 0.0, contacts))
         return fresh if obs is None else torch.where(mask[:, None], fresh, obs)
 
@@ -383,15 +416,29 @@ class MuJoCoWarpVecEnv:
         self.episode_return += reward
         self.episode_length += 1
         final_obs = self._observe()
-        info = {"final_obs": final_obs, "done": done, "episode_return": self.episode_return.clone(),
-                "episode_length": self.episode_length.clone()}
+        info = {
+            "final_obs": final_obs,
+            "done": done,
+            "episode_return": self.episode_return.clone(),
+            "episode_length": self.episode_length.clone(),
+        }
         self._reset_worlds(done)
         return self._observe_after_reset(done, final_obs), reward, terminated, truncated, info
 
     def state_dict(self) -> dict:
         """Everything the next steps depend on, as CPU tensors: the simulator state, the step
         counters, the episode statistics and the reset RNG."""
-        names = ["qpos", "qvel", "qacc_warmstart", "time", "ctrl", "elapsed", "episode_return", "episode_length", "position_before"]
+        names = [
+            "qpos",
+            "qvel",
+            "qacc_warmstart",
+            "time",
+            "ctrl",
+            "elapsed",
+            "episode_return",
+            "episode_length",
+            "position_before",
+        ]
         state = {name: getattr(self, name).cpu().clone() for name in names}
         state["generator"] = self.generator.get_state()
         return state
@@ -422,9 +469,18 @@ class IsaacGymVecEnv:
     def __init__(self, env_id: str, num_envs: int, device: torch.device, seed: int):
         import isaacgymenvs
 
-        self.envs = isaacgymenvs.make(seed=seed, task=env_id, num_envs=num_envs, sim_device=str(device),
-                                      rl_device=str(device), graphics_device_id=0 if device.type == "cuda" else -1,
-                                      headless=True, multi_gpu=False, virtual_screen_capture=False, force_render=False)
+        self.envs = isaacgymenvs.make(
+            seed=seed,
+            task=env_id,
+            num_envs=num_envs,
+            sim_device=str(device),
+            rl_device=str(device),
+            graphics_device_id=0 if device.type == "cuda" else -1,
+            headless=True,
+            multi_gpu=False,
+            virtual_screen_capture=False,
+            force_render=False,
+        )
         self.num_envs, self.device = num_envs, device
         self.obs_dim = int(np.prod(self.envs.observation_space.shape))
         self.act_dim = int(np.prod(self.envs.action_space.shape))
@@ -447,8 +503,12 @@ class IsaacGymVecEnv:
         terminated = done & ~truncated
         self.episode_return += reward
         self.episode_length += 1
-        info = {"final_obs": obs, "done": done, "episode_return": self.episode_return.clone(),
-                "episode_length": self.episode_length.clone()}
+        info = {
+            "final_obs": obs,
+            "done": done,
+            "episode_return": self.episode_return.clone(),
+            "episode_length": self.episode_length.clone(),
+        }
         self.episode_return.masked_fill_(done, 0.0)
         self.episode_length.masked_fill_(done, 0)
         return obs, reward, terminated, truncated, info
@@ -480,20 +540,32 @@ def make_envs(simulator: str, env_id: str, num_envs: int, device: torch.device, 
 def validate(args: Args) -> str:
     """Check the arguments and the simulator before any work; fail in one line. Returns the
     simulator that will run."""
-    check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs, num_steps=args.num_steps,
-                   num_minibatches=args.num_minibatches, update_epochs=args.update_epochs,
-                   learning_rate=args.learning_rate, clip_obs=args.clip_obs, log_every=args.log_every,
-                   eval_episodes=args.eval_episodes, torch_threads=args.torch_threads)
+    check_positive(
+        total_timesteps=args.total_timesteps,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        num_minibatches=args.num_minibatches,
+        update_epochs=args.update_epochs,
+        learning_rate=args.learning_rate,
+        clip_obs=args.clip_obs,
+        log_every=args.log_every,
+        eval_episodes=args.eval_episodes,
+        torch_threads=args.torch_threads,
+    )
     if args.checkpoint_every < 0 or args.time_limit_seconds < 0:
-        fail(f"--checkpoint-every and --time-limit-seconds must be 0 (off) or positive, got {args.checkpoint_every} and {args.time_limit_seconds}")
+        fail(
+            f"--checkpoint-every and --time-limit-seconds must be 0 (off) or positive, got {args.checkpoint_every} and {args.time_limit_seconds}"
+        )
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma} and {args.gae_lambda}")
     if args.capture_video:
         fail("--capture-video is not supported by ppo_isaacgym.py; record videos with cleanrl/ppo_continuous_action.py")
     args.batch_size = args.num_envs * args.num_steps
     if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
-             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
+            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})"
+        )
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations == 0:
@@ -505,7 +577,11 @@ def validate(args: Args) -> str:
         fail("--simulator mujoco-warp needs the mujoco-warp package (Python >= 3.11): uv sync")
     tasks = known_tasks(simulator)
     if args.env_id not in tasks:
-        hint = " (an Isaac Gym task: install Isaac Gym, see the README)" if simulator == "mujoco-warp" and args.env_id in ISAACGYM_TASKS else ""
+        hint = (
+            " (an Isaac Gym task: install Isaac Gym, see the README)"
+            if simulator == "mujoco-warp" and args.env_id in ISAACGYM_TASKS
+            else ""
+        )
         fail(f"unknown task {args.env_id!r} for {simulator}{hint}; known tasks: {', '.join(tasks)}")
     return simulator
 
@@ -533,7 +609,9 @@ class RunningMeanStd(nn.Module):
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean.add_(delta * n / total)
-        self.var.mul_(self.count / total).add_(batch_var * n / total).add_(delta.square() * self.count * n / total.square())
+        self.var.mul_(self.count / total).add_(batch_var * n / total).add_(
+            delta.square() * self.count * n / total.square()
+        )
         self.count.copy_(total)
 
     def normalize(self, x: torch.Tensor, clip: float) -> torch.Tensor:
@@ -554,13 +632,17 @@ class Agent(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int):
         super().__init__()
         self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 256)), nn.Tanh(),
-            layer_init(nn.Linear(256, 256)), nn.Tanh(),
+            layer_init(nn.Linear(obs_dim, 256)),
+            nn.Tanh(),
+            layer_init(nn.Linear(256, 256)),
+            nn.Tanh(),
             layer_init(nn.Linear(256, 1), std=1.0),
         )
         self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 256)), nn.Tanh(),
-            layer_init(nn.Linear(256, 256)), nn.Tanh(),
+            layer_init(nn.Linear(obs_dim, 256)),
+            nn.Tanh(),
+            layer_init(nn.Linear(256, 256)),
+            nn.Tanh(),
             layer_init(nn.Linear(256, act_dim), std=0.01),
         )
         self.actor_logstd = nn.Parameter(torch.zeros(act_dim))
@@ -585,8 +667,15 @@ class Agent(nn.Module):
         return self.actor_logstd.sum() + self.log_normaliser + 0.5 * self.actor_logstd.numel()
 
 
-def compute_gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminations: torch.Tensor,
-                truncations: torch.Tensor, gamma: float, gae_lambda: float) -> torch.Tensor:
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminations: torch.Tensor,
+    truncations: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> torch.Tensor:
     """Generalized advantage estimates for a [num_steps, num_envs] rollout.
 
     next_values[t] is the value of the observation that followed step t: the true final
@@ -635,8 +724,11 @@ if __name__ == "__main__":
     simulator = validate(args)
     checkpoint = load_checkpoint(args.resume, args) if args.resume else None
     stop = StopSignal()  # from here on, SIGTERM/SIGINT lead to a checkpoint and a clean exit
-    print(f"simulator: {'Isaac Gym (isaacgymenvs)' if simulator == 'isaacgym' else 'MuJoCo Warp'}, task {args.env_id}, "
-          f"{args.num_envs} environments", flush=True)
+    print(
+        f"simulator: {'Isaac Gym (isaacgymenvs)' if simulator == 'isaacgym' else 'MuJoCo Warp'}, task {args.env_id}, "
+        f"{args.num_envs} environments",
+        flush=True,
+    )
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -694,13 +786,25 @@ if __name__ == "__main__":
     def write_checkpoint(iteration: int) -> Path:
         path = run.dir / CHECKPOINT_NAME
         writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(path, args, global_step=global_step, iteration=iteration, agent=agent.state_dict(),
-                        optimizer=optimizer.state_dict(), obs_rms=obs_rms.state_dict(), envs=envs.state_dict(),
-                        next_obs=next_obs.cpu(), episode_stats=episode_stats.cpu(), wandb_id=run.wandb_id)
+        save_checkpoint(
+            path,
+            args,
+            global_step=global_step,
+            iteration=iteration,
+            agent=agent.state_dict(),
+            optimizer=optimizer.state_dict(),
+            obs_rms=obs_rms.state_dict(),
+            envs=envs.state_dict(),
+            next_obs=next_obs.cpu(),
+            episode_stats=episode_stats.cpu(),
+            wandb_id=run.wandb_id,
+        )
         return path
 
     progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_checkpoint = (
+        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    )
     start_time, start_step = time.time(), global_step
 
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -722,17 +826,26 @@ if __name__ == "__main__":
                 terminations[step] = terminated.float()
                 truncations[step] = truncated.float()
                 done = info["done"].double()
-                episode_stats += torch.stack([done.sum(), (info["episode_return"] * done).sum(), (info["episode_length"] * done).sum()])
+                episode_stats += torch.stack(
+                    [done.sum(), (info["episode_return"] * done).sum(), (info["episode_length"] * done).sum()]
+                )
 
             # Values and log-probabilities of the whole rollout in batched passes. A truncated
             # episode is bootstrapped with the value of its true final observation.
             logprobs, values = agent.log_prob_and_value(obs, actions)
             next_values = torch.cat([values[1:], agent.get_value(next_obs)[None]])
             next_values = torch.where(truncations > 0, agent.get_value(final_obs), next_values)
-            advantages = compute_gae(rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda)
+            advantages = compute_gae(
+                rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
+            )
             returns = advantages + values
             b_obs, b_actions = obs.reshape(-1, obs_dim), actions.reshape(-1, act_dim)
-            b_logprobs, b_advantages, b_returns, b_values = logprobs.reshape(-1), advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
+            b_logprobs, b_advantages, b_returns, b_values = (
+                logprobs.reshape(-1),
+                advantages.reshape(-1),
+                returns.reshape(-1),
+                values.reshape(-1),
+            )
 
         # Optimise the policy and value network
         clipfracs = []
@@ -760,7 +873,9 @@ if __name__ == "__main__":
                 # Value loss
                 if args.clip_vloss:
                     v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                    v_clipped = b_values[mb_inds] + torch.clamp(newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef)
+                    v_clipped = b_values[mb_inds] + torch.clamp(
+                        newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
+                    )
                     v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
                     v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                 else:
@@ -784,11 +899,31 @@ if __name__ == "__main__":
             with torch.no_grad():
                 var_y = b_returns.var()
                 explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var() / var_y)
-                stats = torch.stack([v_loss, pg_loss, agent.entropy(), old_approx_kl, approx_kl,
-                                     torch.stack(clipfracs).mean(), explained_var]).tolist()
+                stats = torch.stack(
+                    [
+                        v_loss,
+                        pg_loss,
+                        agent.entropy(),
+                        old_approx_kl,
+                        approx_kl,
+                        torch.stack(clipfracs).mean(),
+                        explained_var,
+                    ]
+                ).tolist()
                 finished, return_sum, length_sum = episode_stats.tolist()
                 episode_stats.zero_()
-            for name, value in zip(["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"], stats):
+            for name, value in zip(
+                [
+                    "value_loss",
+                    "policy_loss",
+                    "entropy",
+                    "old_approx_kl",
+                    "approx_kl",
+                    "clipfrac",
+                    "explained_variance",
+                ],
+                stats,
+            ):
                 writer.add_scalar(f"losses/{name}", value, global_step)
             if finished > 0:  # the mean over the episodes that ended since the last log line
                 writer.add_scalar("charts/episodic_return", return_sum / finished, global_step)
@@ -800,7 +935,9 @@ if __name__ == "__main__":
             for name, value in zip(["value_loss", "policy_loss", "entropy"], stats):
                 if not np.isfinite(value):
                     path = write_checkpoint(iteration)
-                    fail(f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}")
+                    fail(
+                        f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}"
+                    )
 
         if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
             path = write_checkpoint(iteration)
@@ -819,14 +956,28 @@ if __name__ == "__main__":
 
     if args.save_model:
         model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(model_path, args, agent=agent.state_dict(), obs_rms=obs_rms.state_dict(), obs_dim=obs_dim,
-                   act_dim=act_dim, simulator=simulator)
+        save_model(
+            model_path,
+            args,
+            agent=agent.state_dict(),
+            obs_rms=obs_rms.state_dict(),
+            obs_dim=obs_dim,
+            act_dim=act_dim,
+            simulator=simulator,
+        )
         print(f"model saved to {model_path}")
-        episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000,
-                                    envs=envs if simulator == "isaacgym" else None)
+        episodic_returns = evaluate(
+            model_path,
+            args.eval_episodes,
+            device,
+            seed=args.seed + 1_000,
+            envs=envs if simulator == "isaacgym" else None,
+        )
         for idx, episodic_return in enumerate(episodic_returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}")
+        print(
+            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
+        )
 
     envs.close()
     run.close()

@@ -52,7 +52,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from cleanrl_utils.checkpoint import CHECKPOINT_NAME, StopSignal, load_checkpoint, load_model, restore_rng_state, save_checkpoint, save_model
+from cleanrl_utils.checkpoint import (
+    CHECKPOINT_NAME,
+    StopSignal,
+    load_checkpoint,
+    load_model,
+    restore_rng_state,
+    save_checkpoint,
+    save_model,
+)
 from cleanrl_utils.errors import check_positive, fail
 from cleanrl_utils.progress import Progress
 from cleanrl_utils.run import Run
@@ -146,11 +154,28 @@ class Args:
 # Scenarios the scripts accept. VMAS: every scenario the package ships. MPE: the cooperative mpe2
 # tasks whose agents share one observation size and one action space (parameter sharing needs that).
 VMAS_SCENARIOS = (
-    "balance", "ball_passage", "ball_trajectory", "buzz_wire", "discovery", "dispersion", "dropout",
-    "flocking", "football", "give_way", "joint_passage", "joint_passage_size", "multi_give_way",
-    "navigation", "passage", "reverse_transport", "road_traffic", "sampling", "transport", "wheel",
+    "balance",
+    "ball_passage",
+    "ball_trajectory",
+    "buzz_wire",
+    "discovery",
+    "dispersion",
+    "dropout",
+    "flocking",
+    "football",
+    "give_way",
+    "joint_passage",
+    "joint_passage_size",
+    "multi_give_way",
+    "navigation",
+    "passage",
+    "reverse_transport",
+    "road_traffic",
+    "sampling",
+    "transport",
+    "wheel",
     "wind_flocking",
-)  # fmt: skip
+)
 MPE_SCENARIOS = ("simple_spread_v3", "simple_reference_v3")
 KNOWN_ENV_IDS = [f"vmas/{name}" for name in VMAS_SCENARIOS] + [f"mpe/{name}" for name in MPE_SCENARIOS]
 
@@ -176,12 +201,26 @@ class VMASVecEnv:
     back to the host once; everything else stays on the device.
     """
 
-    def __init__(self, scenario: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-                 max_episode_steps: int):  # fmt: skip
+    def __init__(
+        self,
+        scenario: str,
+        num_envs: int,
+        device: torch.device,
+        seed: int,
+        continuous_actions: bool,
+        max_episode_steps: int,
+    ):
         import vmas
 
-        self.env = vmas.make_env(scenario, num_envs=num_envs, device=device, continuous_actions=continuous_actions,
-                                 seed=seed, max_steps=max_episode_steps, terminated_truncated=True)  # fmt: skip
+        self.env = vmas.make_env(
+            scenario,
+            num_envs=num_envs,
+            device=device,
+            continuous_actions=continuous_actions,
+            seed=seed,
+            max_steps=max_episode_steps,
+            terminated_truncated=True,
+        )
         self.num_envs, self.n_agents, self.device = num_envs, self.env.n_agents, device
         self.obs_dims = [space.shape[0] for space in self.env.observation_space]
         self.obs_dim = max(self.obs_dims)
@@ -189,9 +228,11 @@ class VMASVecEnv:
         self.action_spaces = list(self.env.action_space)
         first = self.action_spaces[0]
         self.same_action_space = all(
-            type(space) is type(first) and getattr(space, "shape", None) == first.shape and getattr(space, "n", None) == getattr(first, "n", None)
+            type(space) is type(first)
+            and getattr(space, "shape", None) == first.shape
+            and getattr(space, "n", None) == getattr(first, "n", None)
             for space in self.action_spaces
-        )  # fmt: skip
+        )
         if continuous_actions:
             self.act_dim = first.shape[0]
             self.action_low = torch.as_tensor(first.low, dtype=torch.float32, device=device)
@@ -219,15 +260,22 @@ class VMASVecEnv:
         self.episode_returns += rewards
         self.episode_lengths += 1
         done = terminated | truncated
-        info = {"episode_return": self.episode_returns.clone(), "episode_length": self.episode_lengths.clone(), "done": done}
+        info = {
+            "episode_return": self.episode_returns.clone(),
+            "episode_length": self.episode_lengths.clone(),
+            "done": done,
+        }
         final_obs = next_obs.clone()
         if done.all():  # worlds started together hit the time limit together: one batched reset
             next_obs = self._stack(self.env.reset())
         elif done.any():
             for index in done.nonzero().flatten().tolist():
                 self.env.reset_at(index, return_observations=False)
-            next_obs = self._stack(self.env.get_from_scenario(get_observations=True, get_rewards=False,
-                                                              get_infos=False, get_dones=False)[0])  # fmt: skip
+            next_obs = self._stack(
+                self.env.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)[
+                    0
+                ]
+            )
         self.episode_returns *= (~done).unsqueeze(1)
         self.episode_lengths *= ~done
         return next_obs, rewards, terminated, truncated, final_obs, info
@@ -246,11 +294,20 @@ class MPEVecEnv:
     `final_obs`.
     """
 
-    def __init__(self, name: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-                 max_episode_steps: int):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        num_envs: int,
+        device: torch.device,
+        seed: int,
+        continuous_actions: bool,
+        max_episode_steps: int,
+    ):
         module = importlib.import_module(f"mpe2.{name}")
-        self.envs = [module.parallel_env(max_cycles=max_episode_steps, continuous_actions=continuous_actions)
-                     for _ in range(num_envs)]  # fmt: skip
+        self.envs = [
+            module.parallel_env(max_cycles=max_episode_steps, continuous_actions=continuous_actions)
+            for _ in range(num_envs)
+        ]
         self.agents = list(self.envs[0].possible_agents)
         self.num_envs, self.n_agents, self.device, self.seed = num_envs, len(self.agents), device, seed
         self.obs_dims = [self.envs[0].observation_space(agent).shape[0] for agent in self.agents]
@@ -289,7 +346,9 @@ class MPEVecEnv:
         truncated = np.zeros(self.num_envs, dtype=bool)
         final_obs = np.zeros_like(self.obs)
         for index, env in enumerate(self.envs):
-            obs, reward, term, trunc, _ = env.step({name: actions[index, agent] for agent, name in enumerate(self.agents)})
+            obs, reward, term, trunc, _ = env.step(
+                {name: actions[index, agent] for agent, name in enumerate(self.agents)}
+            )
             self._write_obs(final_obs, index, obs)
             rewards[index] = [reward[name] for name in self.agents]
             terminated[index] = any(term[name] for name in self.agents)
@@ -300,22 +359,31 @@ class MPEVecEnv:
         self.episode_returns += rewards
         self.episode_lengths += 1
         done = terminated | truncated
-        info = {"episode_return": torch.as_tensor(self.episode_returns.copy(), device=self.device),
-                "episode_length": torch.as_tensor(self.episode_lengths.copy(), device=self.device),
-                "done": torch.as_tensor(done, device=self.device)}  # fmt: skip
+        info = {
+            "episode_return": torch.as_tensor(self.episode_returns.copy(), device=self.device),
+            "episode_length": torch.as_tensor(self.episode_lengths.copy(), device=self.device),
+            "done": torch.as_tensor(done, device=self.device),
+        }
         self.episode_returns[done] = 0
         self.episode_lengths[done] = 0
         to_device = lambda array: torch.as_tensor(array, device=self.device)
-        return (to_device(self.obs.copy()), to_device(rewards), to_device(terminated), to_device(truncated),
-                to_device(final_obs), info)  # fmt: skip
+        return (
+            to_device(self.obs.copy()),
+            to_device(rewards),
+            to_device(terminated),
+            to_device(truncated),
+            to_device(final_obs),
+            info,
+        )
 
     def close(self):
         for env in self.envs:
             env.close()
 
 
-def make_env(env_id: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool,
-             max_episode_steps: int | None):  # fmt: skip
+def make_env(
+    env_id: str, num_envs: int, device: torch.device, seed: int, continuous_actions: bool, max_episode_steps: int | None
+):
     """env_id is "vmas/<scenario>" or "mpe/<task>"; max_episode_steps None takes the family's usual horizon
     (VMAS 100 steps, as in BenchMARL; MPE 25, as in the MPE papers)."""
     family, name = env_id.split("/", 1)
@@ -339,10 +407,12 @@ class QNetwork(nn.Module):
     def __init__(self, obs_dim: int, n_agents: int, num_actions: int, hidden_dim: int):
         super().__init__()
         self.network = nn.Sequential(
-            nn.Linear(obs_dim + n_agents, hidden_dim), nn.ReLU(),
-            nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
+            nn.Linear(obs_dim + n_agents, hidden_dim),
+            nn.ReLU(),
+            nn.Linear(hidden_dim, hidden_dim),
+            nn.ReLU(),
             nn.Linear(hidden_dim, num_actions),
-        )  # fmt: skip
+        )
         self.register_buffer("agent_ids", torch.eye(n_agents), persistent=False)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -363,9 +433,13 @@ class QMixer(nn.Module):
     def __init__(self, n_agents: int, state_dim: int, embed_dim: int, hypernet_embed_dim: int):
         super().__init__()
         self.n_agents, self.embed_dim = n_agents, embed_dim
-        self.hyper_w1 = nn.Sequential(nn.Linear(state_dim, hypernet_embed_dim), nn.ReLU(), nn.Linear(hypernet_embed_dim, n_agents * embed_dim))
+        self.hyper_w1 = nn.Sequential(
+            nn.Linear(state_dim, hypernet_embed_dim), nn.ReLU(), nn.Linear(hypernet_embed_dim, n_agents * embed_dim)
+        )
         self.hyper_b1 = nn.Linear(state_dim, embed_dim)
-        self.hyper_w2 = nn.Sequential(nn.Linear(state_dim, hypernet_embed_dim), nn.ReLU(), nn.Linear(hypernet_embed_dim, embed_dim))
+        self.hyper_w2 = nn.Sequential(
+            nn.Linear(state_dim, hypernet_embed_dim), nn.ReLU(), nn.Linear(hypernet_embed_dim, embed_dim)
+        )
         self.hyper_b2 = nn.Sequential(nn.Linear(state_dim, embed_dim), nn.ReLU(), nn.Linear(embed_dim, 1))
 
     def forward(self, agent_qs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -398,9 +472,22 @@ class ReplayBuffer:
         self.pos, self.size = 0, 0
 
     def fields(self) -> dict[str, torch.Tensor]:
-        return {"obs": self.obs, "next_obs": self.next_obs, "actions": self.actions, "rewards": self.rewards, "terminated": self.terminated}
+        return {
+            "obs": self.obs,
+            "next_obs": self.next_obs,
+            "actions": self.actions,
+            "rewards": self.rewards,
+            "terminated": self.terminated,
+        }
 
-    def add(self, obs: torch.Tensor, next_obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, terminated: torch.Tensor) -> None:
+    def add(
+        self,
+        obs: torch.Tensor,
+        next_obs: torch.Tensor,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        terminated: torch.Tensor,
+    ) -> None:
         rows = (self.pos + self.offsets) % self.buffer_size
         for field, value in zip(self.fields().values(), (obs, next_obs, actions, rewards, terminated)):
             field[rows] = value.to(field.dtype)
@@ -413,7 +500,11 @@ class ReplayBuffer:
         return self.obs[rows], self.actions[rows], self.rewards[rows], self.next_obs[rows], self.terminated[rows]
 
     def state_dict(self) -> dict:
-        return {"pos": self.pos, "size": self.size, **{name: field[: self.size].cpu() for name, field in self.fields().items()}}
+        return {
+            "pos": self.pos,
+            "size": self.size,
+            **{name: field[: self.size].cpu() for name, field in self.fields().items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.pos, self.size = state["pos"], state["size"]
@@ -439,8 +530,15 @@ def select_actions(q_network: QNetwork, obs: torch.Tensor, epsilon: float, num_a
     return torch.where(explore, random_actions, greedy_actions)
 
 
-def double_q_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q_online: torch.Tensor, next_q_target: torch.Tensor,
-                    next_state: torch.Tensor, target_mixer: nn.Module, gamma: float) -> torch.Tensor:  # fmt: skip
+def double_q_target(
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    next_q_online: torch.Tensor,
+    next_q_target: torch.Tensor,
+    next_state: torch.Tensor,
+    target_mixer: nn.Module,
+    gamma: float,
+) -> torch.Tensor:
     """y = r + gamma * (1 - terminated) * Q_tot_target(s', a*), a*_i = argmax_a Q_online_i(o'_i, a).
 
     next_q_online and next_q_target are [batch, n_agents, num_actions] per-agent Q-values of the next
@@ -458,18 +556,30 @@ def double_q_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q_onli
 
 def validate(args: Args) -> None:
     """Check the arguments before any work; fail in one line."""
-    check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs, buffer_size=args.buffer_size,
-                   batch_size=args.batch_size, train_frequency=args.train_frequency,
-                   target_network_frequency=args.target_network_frequency, learning_rate=args.learning_rate,
-                   max_grad_norm=args.max_grad_norm, hidden_dim=args.hidden_dim, mixing_embed_dim=args.mixing_embed_dim,
-                   hypernet_embed_dim=args.hypernet_embed_dim, log_every=args.log_every, eval_episodes=args.eval_episodes)  # fmt: skip
+    check_positive(
+        total_timesteps=args.total_timesteps,
+        num_envs=args.num_envs,
+        buffer_size=args.buffer_size,
+        batch_size=args.batch_size,
+        train_frequency=args.train_frequency,
+        target_network_frequency=args.target_network_frequency,
+        learning_rate=args.learning_rate,
+        max_grad_norm=args.max_grad_norm,
+        hidden_dim=args.hidden_dim,
+        mixing_embed_dim=args.mixing_embed_dim,
+        hypernet_embed_dim=args.hypernet_embed_dim,
+        log_every=args.log_every,
+        eval_episodes=args.eval_episodes,
+    )
     message = check_env_id(args.env_id)
     if message:
         fail(message)
     if args.continuous_actions:
         fail(f"{args.exp_name}.py needs discrete actions; for continuous actions use maddpg.py, matd3.py or mappo.py")
     if args.capture_video:
-        fail("--capture-video is not supported: VMAS and MPE render through a display stack this script does not set up")
+        fail(
+            "--capture-video is not supported: VMAS and MPE render through a display stack this script does not set up"
+        )
     if args.max_episode_steps is not None and args.max_episode_steps <= 0:
         fail(f"--max-episode-steps must be positive, got {args.max_episode_steps}")
     if args.torch_threads < 0:
@@ -477,31 +587,49 @@ def validate(args: Args) -> None:
     if args.checkpoint_every < 0:
         fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
     if not 0 <= args.learning_starts < args.total_timesteps:
-        fail(f"--learning-starts must be in [0, --total-timesteps {args.total_timesteps}), got {args.learning_starts}: nothing would be learned")
+        fail(
+            f"--learning-starts must be in [0, --total-timesteps {args.total_timesteps}), got {args.learning_starts}: nothing would be learned"
+        )
     if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
         fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
     if not 0 <= args.end_e <= args.start_e <= 1:
-        fail(f"epsilon must decay within [0, 1]: need 0 <= --end-e <= --start-e <= 1, got --start-e {args.start_e} --end-e {args.end_e}")
+        fail(
+            f"epsilon must decay within [0, 1]: need 0 <= --end-e <= --start-e <= 1, got --start-e {args.start_e} --end-e {args.end_e}"
+        )
     if not 0 < args.exploration_fraction <= 1:
         fail(f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
     if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch")
+        fail(
+            f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch"
+        )
     if args.num_envs > args.buffer_size:
-        fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself")
+        fail(
+            f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself"
+        )
 
 
 def check_envs(envs, exp_name: str) -> None:
     if not envs.same_action_space:
-        fail(f"{exp_name}.py shares one Q-network across agents, but the agents of this scenario have different action spaces")
+        fail(
+            f"{exp_name}.py shares one Q-network across agents, but the agents of this scenario have different action spaces"
+        )
 
 
-def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, seed: int = 0, capture_video: bool = False,
-             video_dir: Path | None = None) -> list[float]:  # fmt: skip
+def evaluate(
+    model_path: str | Path,
+    eval_episodes: int,
+    device: torch.device,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Path | None = None,
+) -> list[float]:
     """Reload a model saved by this script and return the team returns of the first episode of
     `eval_episodes` worlds under the greedy policy."""
     model = load_model(model_path, "qmix")
     if capture_video:
-        fail("--capture-video is not supported: VMAS and MPE render through a display stack this script does not set up")
+        fail(
+            "--capture-video is not supported: VMAS and MPE render through a display stack this script does not set up"
+        )
     args = model["args"]
     envs = make_env(model["env_id"], eval_episodes, device, seed, False, args["max_episode_steps"])
     q_network = QNetwork(model["obs_dim"], model["n_agents"], model["num_actions"], args["hidden_dim"]).to(device)
@@ -532,7 +660,9 @@ if __name__ == "__main__":
 
     # A resumed run starts fresh environments (their state cannot be saved) on a seed of its own.
     global_step = checkpoint["global_step"] if checkpoint else 0
-    envs = make_env(args.env_id, args.num_envs, device, args.seed + global_step, args.continuous_actions, args.max_episode_steps)
+    envs = make_env(
+        args.env_id, args.num_envs, device, args.seed + global_step, args.continuous_actions, args.max_episode_steps
+    )
     check_envs(envs, args.exp_name)
     n_agents, obs_dim, num_actions = envs.n_agents, envs.obs_dim, envs.num_actions
     state_dim = n_agents * obs_dim
@@ -562,26 +692,47 @@ if __name__ == "__main__":
     losses = None
 
     if checkpoint:
-        for name, module in [("q_network", q_network), ("mixer", mixer), ("target_q_network", target_q_network),
-                             ("target_mixer", target_mixer), ("optimizer", optimizer), ("replay_buffer", rb)]:  # fmt: skip
+        for name, module in [
+            ("q_network", q_network),
+            ("mixer", mixer),
+            ("target_q_network", target_q_network),
+            ("target_mixer", target_mixer),
+            ("optimizer", optimizer),
+            ("replay_buffer", rb),
+        ]:
             module.load_state_dict(checkpoint[name])
         episode_stats.copy_(checkpoint["episode_stats"])
         losses = None if checkpoint["losses"] is None else tuple(t.to(device) for t in checkpoint["losses"])
         restore_rng_state(checkpoint["rng"])
-        print(f"resuming at step {global_step} with freshly reset environments (VMAS and mpe2 state cannot be saved)", flush=True)
+        print(
+            f"resuming at step {global_step} with freshly reset environments (VMAS and mpe2 state cannot be saved)",
+            flush=True,
+        )
     next_obs = envs.reset()
 
     def write_checkpoint() -> Path:
         path = run.dir / CHECKPOINT_NAME
         writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(path, args, global_step=global_step, q_network=q_network.state_dict(), mixer=mixer.state_dict(),
-                        target_q_network=target_q_network.state_dict(), target_mixer=target_mixer.state_dict(),
-                        optimizer=optimizer.state_dict(), replay_buffer=rb.state_dict(), episode_stats=episode_stats.cpu(),
-                        losses=None if losses is None else tuple(t.detach().cpu() for t in losses), wandb_id=run.wandb_id)  # fmt: skip
+        save_checkpoint(
+            path,
+            args,
+            global_step=global_step,
+            q_network=q_network.state_dict(),
+            mixer=mixer.state_dict(),
+            target_q_network=target_q_network.state_dict(),
+            target_mixer=target_mixer.state_dict(),
+            optimizer=optimizer.state_dict(),
+            replay_buffer=rb.state_dict(),
+            episode_stats=episode_stats.cpu(),
+            losses=None if losses is None else tuple(t.detach().cpu() for t in losses),
+            wandb_id=run.wandb_id,
+        )
         return path
 
     progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_checkpoint = (
+        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    )
     exploration_steps = args.exploration_fraction * args.total_timesteps
     start_time, start_step, iteration = time.time(), global_step, 0
 
@@ -596,16 +747,27 @@ if __name__ == "__main__":
         rb.add(obs, final_obs, actions, rewards.sum(1), terminated)
         done = info["done"].double()
         team_returns = info["episode_return"].double()
-        episode_stats += torch.cat([torch.stack([done.sum(), (team_returns.sum(1) * done).sum(), (info["episode_length"] * done).sum()]),
-                                    (team_returns * done.unsqueeze(1)).sum(0)])  # fmt: skip
+        episode_stats += torch.cat(
+            [
+                torch.stack([done.sum(), (team_returns.sum(1) * done).sum(), (info["episode_length"] * done).sum()]),
+                (team_returns * done.unsqueeze(1)).sum(0),
+            ]
+        )
 
         # Learn: one gradient step every `train_frequency` environment steps, after `learning_starts` steps.
         if global_step > args.learning_starts:
             for _ in range(global_step // args.train_frequency - previous_step // args.train_frequency):
                 obs_b, actions_b, rewards_b, next_obs_b, terminated_b = rb.sample(args.batch_size)
                 with torch.no_grad():
-                    target = double_q_target(rewards_b, terminated_b, q_network(next_obs_b), target_q_network(next_obs_b),
-                                             global_state(next_obs_b), target_mixer, args.gamma)  # fmt: skip
+                    target = double_q_target(
+                        rewards_b,
+                        terminated_b,
+                        q_network(next_obs_b),
+                        target_q_network(next_obs_b),
+                        global_state(next_obs_b),
+                        target_mixer,
+                        args.gamma,
+                    )
                 chosen_q = q_network(obs_b).gather(-1, actions_b.unsqueeze(-1)).squeeze(-1)
                 q_tot = mixer(chosen_q, global_state(obs_b))
                 loss = F.mse_loss(q_tot, target)
@@ -659,12 +821,21 @@ if __name__ == "__main__":
 
     if args.save_model:
         model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(model_path, args, q_network=q_network.state_dict(), mixer=mixer.state_dict(), n_agents=n_agents,
-                   obs_dim=obs_dim, num_actions=num_actions)  # fmt: skip
+        save_model(
+            model_path,
+            args,
+            q_network=q_network.state_dict(),
+            mixer=mixer.state_dict(),
+            n_agents=n_agents,
+            obs_dim=obs_dim,
+            num_actions=num_actions,
+        )
         print(f"model saved to {model_path}")
         episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000)
         for idx, episodic_return in enumerate(episodic_returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}")
+        print(
+            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
+        )
 
     run.close()

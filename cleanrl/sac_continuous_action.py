@@ -160,10 +160,17 @@ def register_env_family(env_id: str) -> None:
 
 def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
-    check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs, buffer_size=args.buffer_size,
-                   batch_size=args.batch_size, policy_lr=args.policy_lr, q_lr=args.q_lr,
-                   policy_frequency=args.policy_frequency, target_network_frequency=args.target_network_frequency,
-                   eval_episodes=args.eval_episodes)
+    check_positive(
+        total_timesteps=args.total_timesteps,
+        num_envs=args.num_envs,
+        buffer_size=args.buffer_size,
+        batch_size=args.batch_size,
+        policy_lr=args.policy_lr,
+        q_lr=args.q_lr,
+        policy_frequency=args.policy_frequency,
+        target_network_frequency=args.target_network_frequency,
+        eval_episodes=args.eval_episodes,
+    )
     if args.checkpoint_every < 0:
         fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
     if args.torch_threads < 0:
@@ -171,16 +178,22 @@ def validate(args: Args) -> None:
     if args.learning_starts < 0:
         fail(f"--learning-starts must be 0 or positive, got {args.learning_starts}")
     if args.learning_starts >= args.total_timesteps:
-        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: "
-             f"the agent would never learn")
+        fail(
+            f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: "
+            f"the agent would never learn"
+        )
     if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
         fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
     if not args.alpha >= 0:
         fail(f"--alpha must be 0 or positive, got {args.alpha}")
     if args.batch_size > args.buffer_size:
-        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch")
+        fail(
+            f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch"
+        )
     if args.num_envs > args.buffer_size:
-        fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself")
+        fail(
+            f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself"
+        )
     register_env_family(args.env_id)
     check_env_id(args.env_id)
     try:
@@ -190,17 +203,26 @@ def validate(args: Args) -> None:
     action_space, observation_space = probe.action_space, probe.observation_space
     probe.close()
     if not isinstance(action_space, gym.spaces.Box):
-        fail(f"sac_continuous_action.py handles Box actions but {args.env_id} has {action_space}; "
-             f"use cleanrl/dqn.py (or cleanrl/ppo.py) for Discrete actions")
+        fail(
+            f"sac_continuous_action.py handles Box actions but {args.env_id} has {action_space}; "
+            f"use cleanrl/dqn.py (or cleanrl/ppo.py) for Discrete actions"
+        )
     if len(action_space.shape) != 1:
         fail(f"sac_continuous_action.py needs 1-D Box actions but {args.env_id} has shape {action_space.shape}")
-    if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))
-            and np.all(action_space.low < action_space.high)):
-        fail(f"sac_continuous_action.py squashes actions into finite bounds low < high, "
-             f"but {args.env_id} has {action_space}")
+    if not (
+        np.all(np.isfinite(action_space.low))
+        and np.all(np.isfinite(action_space.high))
+        and np.all(action_space.low < action_space.high)
+    ):
+        fail(
+            f"sac_continuous_action.py squashes actions into finite bounds low < high, "
+            f"but {args.env_id} has {action_space}"
+        )
     boxes = observation_space.spaces.values() if isinstance(observation_space, gym.spaces.Dict) else [observation_space]
     if not all(isinstance(space, gym.spaces.Box) for space in boxes):
-        fail(f"sac_continuous_action.py needs Box (or Dict of Box) observations but {args.env_id} has {observation_space}")
+        fail(
+            f"sac_continuous_action.py needs Box (or Dict of Box) observations but {args.env_id} has {observation_space}"
+        )
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: Path | None):
@@ -256,8 +278,9 @@ def random_actions(num_envs: int, action_scale: torch.Tensor, action_bias: torch
     return to_env_action(uniform, action_scale, action_bias)
 
 
-def squashed_gaussian_log_prob(u: torch.Tensor, noise: torch.Tensor, log_std: torch.Tensor,
-                               action_scale: torch.Tensor) -> torch.Tensor:
+def squashed_gaussian_log_prob(
+    u: torch.Tensor, noise: torch.Tensor, log_std: torch.Tensor, action_scale: torch.Tensor
+) -> torch.Tensor:
     """log density of the action a = tanh(u) * action_scale + action_bias, where
     u = mean + exp(log_std) * noise and noise ~ N(0, I), summed over action dimensions.
 
@@ -272,8 +295,14 @@ def squashed_gaussian_log_prob(u: torch.Tensor, noise: torch.Tensor, log_std: to
     return (normal_log_prob - log_abs_det).sum(-1)
 
 
-def soft_q_target(rewards: torch.Tensor, terminations: torch.Tensor, next_q_min: torch.Tensor,
-                  next_log_prob: torch.Tensor, alpha: torch.Tensor, gamma: float) -> torch.Tensor:
+def soft_q_target(
+    rewards: torch.Tensor,
+    terminations: torch.Tensor,
+    next_q_min: torch.Tensor,
+    next_log_prob: torch.Tensor,
+    alpha: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
     """r + gamma * (min_i Q_target_i(s', a') - alpha * log pi(a'|s')) with a' ~ pi(.|s'), the
     bootstrap dropped where the episode terminated. A truncated transition keeps its bootstrap:
     its s' is the true final observation."""
@@ -371,8 +400,15 @@ class ReplayBuffer:
         self.staging_tensor = torch.from_numpy(self.staging)  # shares the staging memory
         self.pos, self.size = 0, 0
 
-    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-            terminations: np.ndarray, infos: dict) -> None:
+    def add(
+        self,
+        obs: np.ndarray,
+        next_obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        terminations: np.ndarray,
+        infos: dict,
+    ) -> None:
         """Store one step of every environment, as returned by a SAME_STEP vector env."""
         d, a, n = self.obs_dim, self.act_dim, len(obs)
         rows = self.staging
@@ -401,7 +437,13 @@ class ReplayBuffer:
         indices = torch.randint(self.size, (batch_size,), device=self.data.device)
         batch = torch.index_select(self.data, 0, indices)
         d, a = self.obs_dim, self.act_dim
-        return batch[:, :d], batch[:, d : 2 * d], batch[:, 2 * d : 2 * d + a], batch[:, 2 * d + a], batch[:, 2 * d + a + 1]
+        return (
+            batch[:, :d],
+            batch[:, d : 2 * d],
+            batch[:, 2 * d : 2 * d + a],
+            batch[:, 2 * d + a],
+            batch[:, 2 * d + a + 1],
+        )
 
     def state_dict(self) -> dict:
         return {"data": self.data[: self.size].cpu(), "pos": self.pos, "size": self.size}
@@ -411,8 +453,14 @@ class ReplayBuffer:
         self.data[: self.size].copy_(state["data"])
 
 
-def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, seed: int = 0,
-             capture_video: bool = False, video_dir: Path | None = None) -> list[float]:
+def evaluate(
+    model_path: str | Path,
+    eval_episodes: int,
+    device: torch.device,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Path | None = None,
+) -> list[float]:
     """Reload a model saved by this script and return the episodic returns of its deterministic
     policy (the squashed mean action)."""
     model = load_model(model_path, "sac_continuous_action")
@@ -515,30 +563,46 @@ if __name__ == "__main__":
         rb.load_state_dict(checkpoint["replay_buffer"])
         envs = restore_envs(envs, checkpoint["envs"])
         if checkpoint["envs"] is None:
-            print("the environments could not be saved with the checkpoint (video recording?): resuming with fresh ones")
+            print(
+                "the environments could not be saved with the checkpoint (video recording?): resuming with fresh ones"
+            )
         else:
             obs_np = checkpoint["next_obs"]
         restore_rng_state(checkpoint["rng"])
         global_step, next_log = checkpoint["global_step"], checkpoint["next_log"]
-        critic_stats, actor_stats = (None if s is None else tuple(t.to(device) for t in s)
-                                     for s in (checkpoint["critic_stats"], checkpoint["actor_stats"]))
+        critic_stats, actor_stats = (
+            None if s is None else tuple(t.to(device) for t in s)
+            for s in (checkpoint["critic_stats"], checkpoint["actor_stats"])
+        )
     obs_np = obs_np.astype(np.float32).reshape(args.num_envs, obs_dim)
 
     def write_checkpoint() -> Path:
         path = run.dir / CHECKPOINT_NAME
         writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(path, args, global_step=global_step, next_log=next_log, actor=actor.state_dict(),
-                        qf=qf.state_dict(), qf_target=qf_target.state_dict(), q_optimizer=q_optimizer.state_dict(),
-                        actor_optimizer=actor_optimizer.state_dict(), log_alpha=log_alpha.detach().cpu(),
-                        replay_buffer=rb.state_dict(),
-                        envs=snapshot_envs(envs), next_obs=obs_np,
-                        critic_stats=None if critic_stats is None else tuple(t.cpu() for t in critic_stats),
-                        actor_stats=None if actor_stats is None else tuple(t.cpu() for t in actor_stats),
-                        wandb_id=run.wandb_id)
+        save_checkpoint(
+            path,
+            args,
+            global_step=global_step,
+            next_log=next_log,
+            actor=actor.state_dict(),
+            qf=qf.state_dict(),
+            qf_target=qf_target.state_dict(),
+            q_optimizer=q_optimizer.state_dict(),
+            actor_optimizer=actor_optimizer.state_dict(),
+            log_alpha=log_alpha.detach().cpu(),
+            replay_buffer=rb.state_dict(),
+            envs=snapshot_envs(envs),
+            next_obs=obs_np,
+            critic_stats=None if critic_stats is None else tuple(t.cpu() for t in critic_stats),
+            actor_stats=None if actor_stats is None else tuple(t.cpu() for t in actor_stats),
+            wandb_id=run.wandb_id,
+        )
         return path
 
     progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    next_checkpoint = (
+        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
+    )
     start_time, start_step = time.time(), global_step
 
     while global_step < args.total_timesteps:
@@ -558,7 +622,9 @@ if __name__ == "__main__":
         obs_np = next_obs_np.astype(np.float32)  # a copy: the env overwrites next_obs_np in place
         if "episode" in infos:
             finished = infos["_episode"]
-            for episodic_return, episodic_length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
+            for episodic_return, episodic_length in zip(
+                infos["episode"]["r"][finished], infos["episode"]["l"][finished]
+            ):
                 writer.add_scalar("charts/episodic_return", episodic_return, global_step)
                 writer.add_scalar("charts/episodic_length", episodic_length, global_step)
             progress.add_returns(infos["episode"]["r"][finished])
@@ -624,10 +690,18 @@ if __name__ == "__main__":
         model_path = run.dir / f"{args.exp_name}.cleanrl_model"
         save_model(model_path, args, actor=actor.state_dict(), qf=qf.state_dict(), obs_dim=obs_dim, act_dim=act_dim)
         print(f"model saved to {model_path}")
-        episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000,
-                                    capture_video=args.capture_video, video_dir=run.dir / "videos" / "eval")
+        episodic_returns = evaluate(
+            model_path,
+            args.eval_episodes,
+            device,
+            seed=args.seed + 1_000,
+            capture_video=args.capture_video,
+            video_dir=run.dir / "videos" / "eval",
+        )
         for idx, episodic_return in enumerate(episodic_returns):
             writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}")
+        print(
+            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
+        )
 
     run.close()

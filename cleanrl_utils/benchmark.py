@@ -89,7 +89,11 @@ class Job:
 
 def make_jobs(command: str, env_ids: list[str], seeds: list[int]) -> list[Job]:
     """One job per environment x seed: the command with `--env-id ENV --seed SEED` appended."""
-    return [Job(env_id, seed, f"{command} --env-id {shlex.quote(env_id)} --seed {seed}") for env_id in env_ids for seed in seeds]
+    return [
+        Job(env_id, seed, f"{command} --env-id {shlex.quote(env_id)} --seed {seed}")
+        for env_id in env_ids
+        for seed in seeds
+    ]
 
 
 def script_stem(command: str) -> str | None:
@@ -110,8 +114,15 @@ def run_job(job: Job, lock: threading.Lock, prefix: bool) -> Job:
     start = time.time()
     with lock:
         print(f"[{job.label}] {job.command}", flush=True)
-    process = subprocess.Popen(job.command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, bufsize=1, errors="replace")
+    process = subprocess.Popen(
+        job.command,
+        shell=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        errors="replace",
+    )
     for line in process.stdout:
         job.output_tail.append(line.rstrip("\n"))
         with lock:
@@ -140,10 +151,17 @@ def run_jobs(jobs: list[Job], workers: int, runs_root: Path) -> None:
         candidates = new_run_dirs(runs_root, before, job.env_id, job.seed)
         # Run names end in the unix time they were made: keep those made while this job ran.
         start, end = int(starts[index]) - 1, int(starts[index] + job.seconds) + 1
-        timed = [d for d in candidates if d.name.rsplit("__", 1)[-1].isdigit() and start <= int(d.name.rsplit("__", 1)[-1]) <= end]
+        timed = [
+            d
+            for d in candidates
+            if d.name.rsplit("__", 1)[-1].isdigit() and start <= int(d.name.rsplit("__", 1)[-1]) <= end
+        ]
         candidates = timed or candidates
         if len(candidates) > 1:
-            print(f"warning: {job.label}: several new run directories ({', '.join(d.name for d in candidates)}); using the last", file=sys.stderr)
+            print(
+                f"warning: {job.label}: several new run directories ({', '.join(d.name for d in candidates)}); using the last",
+                file=sys.stderr,
+            )
         job.run_dir = candidates[-1] if candidates else None
 
 
@@ -191,11 +209,15 @@ def render_slurm(template: str, commands: list[str], job_name: str, workdir: Pat
     used = set(PLACEHOLDER.findall(template))
     unknown = sorted(used - set(values))
     if unknown:
-        fail(f"--slurm-template: unknown placeholder {{{{{unknown[0]}}}}}; known: "
-             + ", ".join(f"{{{{{name}}}}}" for name in values))
+        fail(
+            f"--slurm-template: unknown placeholder {{{{{unknown[0]}}}}}; known: "
+            + ", ".join(f"{{{{{name}}}}}" for name in values)
+        )
     missing = [name for name in REQUIRED_PLACEHOLDERS if name not in used]
     if missing:
-        fail(f"--slurm-template: the template needs a {{{{{missing[0]}}}}} placeholder (see python -m cleanrl_utils.benchmark --help)")
+        fail(
+            f"--slurm-template: the template needs a {{{{{missing[0]}}}}} placeholder (see python -m cleanrl_utils.benchmark --help)"
+        )
     return PLACEHOLDER.sub(lambda match: values[match.group(1)], template)
 
 
@@ -216,26 +238,51 @@ def submit_slurm(args, jobs: list[Job]) -> None:
             raise SystemExit(1)
     else:
         print(f"sbatch is not on this machine; submit it on the cluster with: sbatch {path}")
-    pattern = " ".join(f"{args.runs_dir}/{env_id.replace('/', '-')}__{script_stem(args.command) or '*'}__*" for env_id in args.env_ids)
+    pattern = " ".join(
+        f"{args.runs_dir}/{env_id.replace('/', '-')}__{script_stem(args.command) or '*'}__*" for env_id in args.env_ids
+    )
     output = args.output or "benchmark/results/" + (script_stem(args.command) or "results")
-    print(f"when the jobs have finished, make the table with: python -m cleanrl_utils.results {pattern} --output {output}")
+    print(
+        f"when the jobs have finished, make the table with: python -m cleanrl_utils.results {pattern} --output {output}"
+    )
 
 
 # ---------------------------------------------------------------------------- command line
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m cleanrl_utils.benchmark", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m cleanrl_utils.benchmark",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--env-ids", nargs="+", required=True, help="environment ids to run the command on")
-    parser.add_argument("--command", required=True, help='the command to run, e.g. "uv run python cleanrl/ppo.py --total-timesteps 500000"')
+    parser.add_argument(
+        "--command",
+        required=True,
+        help='the command to run, e.g. "uv run python cleanrl/ppo.py --total-timesteps 500000"',
+    )
     parser.add_argument("--num-seeds", type=int, default=3, help="seeds per environment (default 3)")
     parser.add_argument("--start-seed", type=int, default=1, help="the first seed (default 1)")
-    parser.add_argument("--workers", type=int, default=1, help="commands run at once (default 1); 0 only prints the commands")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="commands run at once (default 1); 0 only prints the commands"
+    )
     parser.add_argument("--output", type=Path, default=None, help="write the results table to OUTPUT.md and OUTPUT.csv")
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where the commands write their run directories (default runs)")
-    parser.add_argument("--slurm-template", type=Path, default=None, help="write and submit a SLURM job array from this template instead of running locally")
-    parser.add_argument("--slurm-script", type=Path, default=None, help="where to write the job script (default slurm/JOB_NAME.sbatch)")
+    parser.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=Path("runs"),
+        help="where the commands write their run directories (default runs)",
+    )
+    parser.add_argument(
+        "--slurm-template",
+        type=Path,
+        default=None,
+        help="write and submit a SLURM job array from this template instead of running locally",
+    )
+    parser.add_argument(
+        "--slurm-script", type=Path, default=None, help="where to write the job script (default slurm/JOB_NAME.sbatch)"
+    )
     parser.add_argument("--job-name", default=None, help="the SLURM job name (default: the script's stem)")
     args = parser.parse_args(argv)
 

@@ -26,7 +26,17 @@ CHECKPOINT_NAME = "checkpoint.pt"
 
 # Arguments that may differ between a run and its resumption: they change how the run is
 # observed or stored, not what it computes.
-OPERATIONAL_ARGS = {"resume", "checkpoint_every", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "cuda", "torch_threads"}
+OPERATIONAL_ARGS = {
+    "resume",
+    "checkpoint_every",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "cuda",
+    "torch_threads",
+}
 
 
 def save_atomic(obj, path: str | os.PathLike) -> None:
@@ -167,12 +177,23 @@ def load_checkpoint(path: str | os.PathLike, args) -> dict:
     for key, value in checkpoint["args"].items():
         if key not in OPERATIONAL_ARGS and current.get(key) != value:
             flag = "--" + key.replace("_", "-")
-            fail(f"--resume {path}: {flag} is {current.get(key)!r} but the checkpointed run used {value!r}; resume with the original arguments")
+            fail(
+                f"--resume {path}: {flag} is {current.get(key)!r} but the checkpointed run used {value!r}; resume with the original arguments"
+            )
     return checkpoint
 
 
 def save_model(path: str | os.PathLike, args, **payload) -> None:
-    save_atomic({"format": MODEL_FORMAT, "exp_name": args.exp_name, "env_id": args.env_id, "args": dataclasses.asdict(args), **payload}, path)
+    save_atomic(
+        {
+            "format": MODEL_FORMAT,
+            "exp_name": args.exp_name,
+            "env_id": args.env_id,
+            "args": dataclasses.asdict(args),
+            **payload,
+        },
+        path,
+    )
 
 
 def load_model(path: str | os.PathLike, exp_name: str) -> dict:

@@ -58,8 +58,10 @@ def read_model(path: Path) -> dict:
         fail(f"{path}: not a cleanrl saved model (cannot be read: {type(error).__name__})")
     kind = model.get("format") if isinstance(model, dict) else None
     if kind == CHECKPOINT_FORMAT:
-        fail(f"{path}: a training checkpoint, not a saved model; continue training with --resume, "
-             f"or evaluate the {MODEL_SUFFIX} file written with --save-model")
+        fail(
+            f"{path}: a training checkpoint, not a saved model; continue training with --resume, "
+            f"or evaluate the {MODEL_SUFFIX} file written with --save-model"
+        )
     if kind != MODEL_FORMAT or not isinstance(model.get("exp_name"), str):
         fail(f"{path}: not a cleanrl saved model (no {MODEL_FORMAT!r} format marker)")
     return model
@@ -81,8 +83,14 @@ def load_script(exp_name: str, scripts_dir: Path = SCRIPTS_DIR):
     return module
 
 
-def evaluate_model(path: Path, episodes: int = 10, seed: int = 0, capture_video: bool = False,
-                   video_dir: Path | None = None, cuda: bool = True) -> tuple[dict, list[float]]:
+def evaluate_model(
+    path: Path,
+    episodes: int = 10,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Path | None = None,
+    cuda: bool = True,
+) -> tuple[dict, list[float]]:
     """(model contents, episodic returns) for a model file or run directory."""
     import torch
 
@@ -92,20 +100,33 @@ def evaluate_model(path: Path, episodes: int = 10, seed: int = 0, capture_video:
     device = torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
     if capture_video and video_dir is None:
         video_dir = model_path.parent / "videos" / "evaluate"
-    returns = module.evaluate(model_path, episodes, device, seed=seed, capture_video=capture_video,
-                              video_dir=Path(video_dir) if video_dir is not None else None)
+    returns = module.evaluate(
+        model_path,
+        episodes,
+        device,
+        seed=seed,
+        capture_video=capture_video,
+        video_dir=Path(video_dir) if video_dir is not None else None,
+    )
     return model, [float(r) for r in returns]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m cleanrl_utils.evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m cleanrl_utils.evaluate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("path", type=Path, help=f"a run directory with a *{MODEL_SUFFIX} file, or the file")
     parser.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the evaluation environment (default 0)")
     parser.add_argument("--capture-video", action="store_true", help="record mp4 videos of the episodes")
-    parser.add_argument("--video-dir", type=Path, default=None, help="where the videos go (default <run dir>/videos/evaluate)")
-    parser.add_argument("--cuda", action=argparse.BooleanOptionalAction, default=True, help="use a GPU when present (default)")
+    parser.add_argument(
+        "--video-dir", type=Path, default=None, help="where the videos go (default <run dir>/videos/evaluate)"
+    )
+    parser.add_argument(
+        "--cuda", action=argparse.BooleanOptionalAction, default=True, help="use a GPU when present (default)"
+    )
     args = parser.parse_args(argv)
     if args.episodes <= 0:
         fail(f"--episodes must be positive, got {args.episodes}")

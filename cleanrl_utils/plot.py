@@ -95,8 +95,9 @@ def iqm(values: np.ndarray, axis: int = 0) -> np.ndarray:
     return np.mean(np.take(values, np.arange(cut, n - cut), axis=axis), axis=axis)
 
 
-def bootstrap_ci(values: np.ndarray, statistic=iqm, samples: int = 2000, confidence: float = 0.95,
-                 seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def bootstrap_ci(
+    values: np.ndarray, statistic=iqm, samples: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Percentile-bootstrap confidence interval of `statistic` across runs (axis 0 of values,
     shape [runs] or [runs, points]): resample the runs with replacement `samples` times."""
     values = np.asarray(values, dtype=np.float64)
@@ -108,8 +109,15 @@ def bootstrap_ci(values: np.ndarray, statistic=iqm, samples: int = 2000, confide
     return low, high
 
 
-def aggregate_curves(curves: list[Curve], x: str, band: str, smoothing: float, num_points: int,
-                     bootstrap_samples: int = 2000, bootstrap_seed: int = 0):
+def aggregate_curves(
+    curves: list[Curve],
+    x: str,
+    band: str,
+    smoothing: float,
+    num_points: int,
+    bootstrap_samples: int = 2000,
+    bootstrap_seed: int = 0,
+):
     """(grid, line, band low, band high) of the seeds' curves against x ("steps" or "seconds")."""
     xs = [getattr(c, x).astype(np.float64) for c in curves]
     ys = [smooth(c.values, smoothing) for c in curves]
@@ -156,8 +164,15 @@ def time_unit(seconds: float) -> tuple[str, float]:
     return ("min", 60.0) if seconds < 7200 else ("h", 3600.0)
 
 
-def make_figure(curves: list[Curve], metric: str = "charts/episodic_return", band: str = "std", smoothing: float = 0.0,
-                num_points: int = 200, bootstrap_samples: int = 2000, bootstrap_seed: int = 0):
+def make_figure(
+    curves: list[Curve],
+    metric: str = "charts/episodic_return",
+    band: str = "std",
+    smoothing: float = 0.0,
+    num_points: int = 200,
+    bootstrap_samples: int = 2000,
+    bootstrap_seed: int = 0,
+):
     """A matplotlib figure: a row per environment, panels against steps and wall time, a line
     per experiment with its band across seeds."""
     import matplotlib
@@ -177,8 +192,12 @@ def make_figure(curves: list[Curve], metric: str = "charts/episodic_return", ban
                 continue
             label = f"{exp_name} ({len(group)} seed{'s' if len(group) > 1 else ''})"
             for ax, x, x_scale in ((row[0], "steps", 1.0), (row[1], "seconds", scale)):
-                grid, line, low, high = aggregate_curves(group, x, band, smoothing, num_points, bootstrap_samples, bootstrap_seed)
-                ax.plot(grid / x_scale, line, color=colors[exp_name], label=label, marker="o" if len(grid) == 1 else None)
+                grid, line, low, high = aggregate_curves(
+                    group, x, band, smoothing, num_points, bootstrap_samples, bootstrap_seed
+                )
+                ax.plot(
+                    grid / x_scale, line, color=colors[exp_name], label=label, marker="o" if len(grid) == 1 else None
+                )
                 ax.fill_between(grid / x_scale, low, high, color=colors[exp_name], alpha=0.2, linewidth=0)
         row[0].set_xlabel("environment steps")
         row[1].set_xlabel(f"wall time ({unit})")
@@ -187,24 +206,38 @@ def make_figure(curves: list[Curve], metric: str = "charts/episodic_return", ban
             ax.set_ylabel(metric)
             ax.grid(alpha=0.3)
         row[0].legend(loc="best", fontsize="small")
-    summary = ("line: interquartile mean across seeds, band: 95% bootstrap CI" if band == "iqm"
-               else "line: mean across seeds, band: +- std")
+    summary = (
+        "line: interquartile mean across seeds, band: 95% bootstrap CI"
+        if band == "iqm"
+        else "line: mean across seeds, band: +- std"
+    )
     fig.suptitle(f"{summary}" + (f"; smoothing {smoothing}" if smoothing > 0 else ""), fontsize="medium")
     fig.tight_layout()
     return fig
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m cleanrl_utils.plot", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="run directories, or folders (runs/) with run directories below")
+    parser = argparse.ArgumentParser(
+        prog="python -m cleanrl_utils.plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "paths", nargs="+", type=Path, help="run directories, or folders (runs/) with run directories below"
+    )
     parser.add_argument("--output", type=Path, default=Path("curves.png"), help="the PNG to write (default curves.png)")
     parser.add_argument("--metric", default="charts/episodic_return", help="the TensorBoard scalar to plot")
-    parser.add_argument("--band", choices=["std", "iqm"], default="std", help="std: mean +- std; iqm: IQM with a bootstrap CI")
-    parser.add_argument("--smoothing", type=float, default=0.0, help="exponential moving average weight in [0, 1) (default 0: none)")
-    parser.add_argument("--num-points", type=int, default=200, help="points of the common grid seeds are interpolated onto")
+    parser.add_argument(
+        "--band", choices=["std", "iqm"], default="std", help="std: mean +- std; iqm: IQM with a bootstrap CI"
+    )
+    parser.add_argument(
+        "--smoothing", type=float, default=0.0, help="exponential moving average weight in [0, 1) (default 0: none)"
+    )
+    parser.add_argument(
+        "--num-points", type=int, default=200, help="points of the common grid seeds are interpolated onto"
+    )
     parser.add_argument("--bootstrap-samples", type=int, default=2000, help="bootstrap resamples for --band iqm")
-    parser.add_argument("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap (the figure is reproducible)")
+    parser.add_argument(
+        "--bootstrap-seed", type=int, default=0, help="seed of the bootstrap (the figure is reproducible)"
+    )
     parser.add_argument("--dpi", type=int, default=100)
     args = parser.parse_args(argv)
     if not 0 <= args.smoothing < 1:
@@ -215,13 +248,17 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"--output {args.output}: give a .png path")
 
     curves = load_curves(args.paths, args.metric)
-    fig = make_figure(curves, args.metric, args.band, args.smoothing, args.num_points, args.bootstrap_samples, args.bootstrap_seed)
+    fig = make_figure(
+        curves, args.metric, args.band, args.smoothing, args.num_points, args.bootstrap_samples, args.bootstrap_seed
+    )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.output, dpi=args.dpi)
     envs = sorted({c.env_id for c in curves})
     exps = sorted({c.exp_name for c in curves})
-    print(f"wrote {args.output}: {len(curves)} runs, {len(envs)} environment(s) ({', '.join(envs)}), "
-          f"experiments {', '.join(exps)}")
+    print(
+        f"wrote {args.output}: {len(curves)} runs, {len(envs)} environment(s) ({', '.join(envs)}), "
+        f"experiments {', '.join(exps)}"
+    )
 
 
 if __name__ == "__main__":

@@ -103,8 +103,11 @@ def read_scalar(run_dir: Path, tag: str, acc=None) -> tuple[np.ndarray, np.ndarr
         known = ", ".join(sorted(tags)) or "none"
         raise RunError(f"{run_dir}: no scalar {tag!r} in the TensorBoard events (known: {known})")
     events = acc.Scalars(tag)
-    return (np.array([e.step for e in events], dtype=np.int64), np.array([e.wall_time for e in events]),
-            np.array([e.value for e in events], dtype=np.float64))
+    return (
+        np.array([e.step for e in events], dtype=np.int64),
+        np.array([e.wall_time for e in events]),
+        np.array([e.value for e in events], dtype=np.float64),
+    )
 
 
 def existing_run_dirs(root: Path) -> set[Path]:
@@ -155,8 +158,18 @@ def summarize_run(run_dir: Path, last_n: int = 100) -> RunSummary:
 def machine_description() -> str:
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.processor()
+    )
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     return f"{cpu}, {os.cpu_count()} cores, {gpu}; Python {platform.python_version()}, torch {torch.__version__}"
 
@@ -168,16 +181,18 @@ def aggregate(summaries: list[RunSummary]) -> list[dict]:
     rows = []
     for (exp_name, env_id), runs in sorted(groups.items()):
         scores = np.array([r.score for r in runs])
-        rows.append({
-            "script": f"{exp_name}.py",
-            "environment": env_id,
-            "steps": int(np.mean([r.steps for r in runs])),
-            "seeds": " ".join(str(r.seed) for r in sorted(runs, key=lambda r: r.seed)),
-            "return": f"{scores.mean():.2f} +- {scores.std():.2f}",
-            "scored episodes": f"last {runs[0].last_n}",
-            "wall time (s)": f"{np.mean([r.wall_time for r in runs]):.0f}",
-            "SPS": f"{np.mean([r.sps for r in runs]):,.0f}",
-        })
+        rows.append(
+            {
+                "script": f"{exp_name}.py",
+                "environment": env_id,
+                "steps": int(np.mean([r.steps for r in runs])),
+                "seeds": " ".join(str(r.seed) for r in sorted(runs, key=lambda r: r.seed)),
+                "return": f"{scores.mean():.2f} +- {scores.std():.2f}",
+                "scored episodes": f"last {runs[0].last_n}",
+                "wall time (s)": f"{np.mean([r.wall_time for r in runs]):.0f}",
+                "SPS": f"{np.mean([r.sps for r in runs]):,.0f}",
+            }
+        )
     return rows
 
 
@@ -185,8 +200,10 @@ def markdown_table(rows: list[dict], machine: str) -> str:
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(row[h]) for h in header) + " |" for row in rows]
-    note = ("Return: mean of each run's last episodic returns (as many as the scored-episodes column says), then mean +- std across seeds. "
-            "Wall time: first to last TensorBoard event of a run (after start-up). SPS: steps / wall time.")
+    note = (
+        "Return: mean of each run's last episodic returns (as many as the scored-episodes column says), then mean +- std across seeds. "
+        "Wall time: first to last TensorBoard event of a run (after start-up). SPS: steps / wall time."
+    )
     return "\n".join(lines) + f"\n\n{note}\n\nMachine: {machine}\n"
 
 
@@ -213,10 +230,19 @@ def parse_last_episodes(values: list[str]) -> dict[str | None, int]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories, or folders (runs/) with run directories below them")
-    parser.add_argument("--output", type=Path, required=True, help="output path without suffix (.md and .csv are written)")
-    parser.add_argument("--last-episodes", action="append", default=[], metavar="[ENV_ID=]N",
-                        help="score runs on their last N episodic returns (default 100); ENV_ID=N for one environment only")
+    parser.add_argument(
+        "run_dirs", nargs="+", type=Path, help="run directories, or folders (runs/) with run directories below them"
+    )
+    parser.add_argument(
+        "--output", type=Path, required=True, help="output path without suffix (.md and .csv are written)"
+    )
+    parser.add_argument(
+        "--last-episodes",
+        action="append",
+        default=[],
+        metavar="[ENV_ID=]N",
+        help="score runs on their last N episodic returns (default 100); ENV_ID=N for one environment only",
+    )
     args = parser.parse_args(argv)
     last_n = parse_last_episodes(args.last_episodes)
     try:

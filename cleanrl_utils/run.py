@@ -87,12 +87,17 @@ def start_wandb(args, run_name: str, run_dir: Path, wandb_id: str | None):
     )
     mode = os.environ.get("WANDB_MODE") or "online"
     if mode == "online" and not has_wandb_api_key():
-        print(f"wandb: no API key found, logging offline to {run_dir}/wandb (upload later with `wandb sync`)", flush=True)
+        print(
+            f"wandb: no API key found, logging offline to {run_dir}/wandb (upload later with `wandb sync`)", flush=True
+        )
         mode = "offline"
     try:
         return wandb.init(mode=mode, settings=wandb.Settings(init_timeout=30), **init)
     except Exception as error:  # wandb raises several error types for an unreachable server
         if mode != "online":
             raise
-        print(f"wandb: could not reach the server ({type(error).__name__}), logging offline to {run_dir}/wandb", flush=True)
+        print(
+            f"wandb: could not reach the server ({type(error).__name__}), logging offline to {run_dir}/wandb",
+            flush=True,
+        )
         return wandb.init(mode="offline", **init)

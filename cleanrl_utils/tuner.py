@@ -181,8 +181,10 @@ class Tuner:
             returncode = subprocess.run(command, cwd=trial_dir, stdout=out, stderr=subprocess.STDOUT).returncode
         if returncode != 0:
             lines = [line for line in log.read_text().splitlines() if line.strip()]
-            raise ScriptFailed(f"{self.script.name} exited with code {returncode} on {env_id} seed {seed}: "
-                               f"{lines[-1] if len(lines) > 1 else 'no output'} (log: {log})")
+            raise ScriptFailed(
+                f"{self.script.name} exited with code {returncode} on {env_id} seed {seed}: "
+                f"{lines[-1] if len(lines) > 1 else 'no output'} (log: {log})"
+            )
         made = new_run_dirs(runs_root, before, env_id, seed)
         if not made:
             raise ScriptFailed(f"{self.script.name} made no run directory in {runs_root} (log: {log})")
@@ -190,7 +192,7 @@ class Tuner:
             _, _, values = read_scalar(made[-1], self.metric)
         except RunError as error:
             raise StudyError(f"unknown metric {self.metric!r}: {error}") from None
-        return float(np.mean(values[-self.metric_last_n_average_window:]))
+        return float(np.mean(values[-self.metric_last_n_average_window :]))
 
     def objective(self, trial, num_seeds: int) -> float:
         flags = to_flags(self.params_fn(trial))
@@ -201,8 +203,11 @@ class Tuner:
                 score = self.run_script(flags, env_id, seed, trial_dir)
                 normalized.append(normalize(score, target))
                 trial.set_user_attr(f"{env_id}/seed{seed}", score)
-                print(f"trial {trial.number} {env_id} seed {seed}: {self.metric} {score:.4g} "
-                      f"(normalised {normalized[-1]:.4g})", flush=True)
+                print(
+                    f"trial {trial.number} {env_id} seed {seed}: {self.metric} {score:.4g} "
+                    f"(normalised {normalized[-1]:.4g})",
+                    flush=True,
+                )
                 trial.report(float(self.aggregate(normalized)), step=len(normalized) - 1)
                 if trial.should_prune():
                     import optuna
@@ -218,13 +223,20 @@ class Tuner:
         racing = {"IntegrityError", "OperationalError", "DuplicatedStudyError"}
         for attempt in range(12):
             try:
-                return optuna.create_study(study_name=self.study_name, storage=open_storage(self.storage),
-                                           load_if_exists=True, direction=self.direction,
-                                           sampler=self.sampler, pruner=self.pruner)
+                return optuna.create_study(
+                    study_name=self.study_name,
+                    storage=open_storage(self.storage),
+                    load_if_exists=True,
+                    direction=self.direction,
+                    sampler=self.sampler,
+                    pruner=self.pruner,
+                )
             except Exception as error:
                 if type(error).__name__ not in racing or attempt == 11:
                     reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                    fail(f"storage {self.storage!r}: cannot open study {self.study_name!r} ({type(error).__name__}: {reason})")
+                    fail(
+                        f"storage {self.storage!r}: cannot open study {self.study_name!r} ({type(error).__name__}: {reason})"
+                    )
                 time.sleep(0.1 * (attempt + 1))
 
     def tune(self, num_trials: int, num_seeds: int):
@@ -262,8 +274,11 @@ class Tuner:
             print(f"trial {trial.number} finished: {value:.4g} with {trial.params}", flush=True)
         finished = [t for t in study.trials if t.state == TrialState.COMPLETE]
         if finished:
-            print(f"best so far in study {self.study_name!r}: trial {study.best_trial.number}, "
-                  f"value {study.best_value:.4g}, params {study.best_params}", flush=True)
+            print(
+                f"best so far in study {self.study_name!r}: trial {study.best_trial.number}, "
+                f"value {study.best_value:.4g}, params {study.best_params}",
+                flush=True,
+            )
         return study
 
 
@@ -296,7 +311,9 @@ def parse_param(spec: str) -> tuple[str, Callable]:
             return name, lambda trial: trial.suggest_categorical(name, choices)
     except ValueError:
         pass
-    fail(f"--param {spec!r}: write NAME=uniform:LOW,HIGH, NAME=loguniform:LOW,HIGH, NAME=int:LOW,HIGH or NAME=categorical:A,B,...")
+    fail(
+        f"--param {spec!r}: write NAME=uniform:LOW,HIGH, NAME=loguniform:LOW,HIGH, NAME=int:LOW,HIGH or NAME=categorical:A,B,..."
+    )
 
 
 def parse_target(spec: str) -> tuple[str, list[float] | None]:
@@ -312,25 +329,43 @@ def parse_target(spec: str) -> tuple[str, list[float] | None]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m cleanrl_utils.tuner", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m cleanrl_utils.tuner", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--script", required=True, help="the script to tune, e.g. cleanrl/ppo.py")
-    parser.add_argument("--target-scores", nargs="+", required=True, metavar="ENV_ID=MIN,MAX",
-                        help="environments, each with the scores that normalise to 0 and 1 (ENV_ID alone: raw scores)")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=KIND:ARGS", help="a searched flag (repeat)")
-    parser.add_argument("--fixed", default="", help='flags passed to every run, written --fixed="--total-timesteps 100000 --num-envs 16"')
+    parser.add_argument(
+        "--target-scores",
+        nargs="+",
+        required=True,
+        metavar="ENV_ID=MIN,MAX",
+        help="environments, each with the scores that normalise to 0 and 1 (ENV_ID alone: raw scores)",
+    )
+    parser.add_argument(
+        "--param", action="append", default=[], metavar="NAME=KIND:ARGS", help="a searched flag (repeat)"
+    )
+    parser.add_argument(
+        "--fixed",
+        default="",
+        help='flags passed to every run, written --fixed="--total-timesteps 100000 --num-envs 16"',
+    )
     parser.add_argument("--metric", default="charts/episodic_return")
     parser.add_argument("--last-n", type=int, default=50, help="average the metric's last N values (default 50)")
     parser.add_argument("--direction", choices=["maximize", "minimize"], default="maximize")
     parser.add_argument("--aggregation", choices=list(AGGREGATIONS), default="average")
     parser.add_argument("--num-trials", type=int, default=100, help="trials this process runs (default 100)")
     parser.add_argument("--num-seeds", type=int, default=1, help="seeds per environment in each trial (default 1)")
-    parser.add_argument("--storage", default="sqlite:///cleanrl_hpopt.db", help="Optuna storage URL (sqlite:///..., postgresql://...)")
+    parser.add_argument(
+        "--storage", default="sqlite:///cleanrl_hpopt.db", help="Optuna storage URL (sqlite:///..., postgresql://...)"
+    )
     parser.add_argument("--study-name", required=True)
     parser.add_argument("--sampler", choices=["tpe", "random"], default="tpe")
     parser.add_argument("--sampler-seed", type=int, default=None)
-    parser.add_argument("--pruner", choices=["median", "none"], default="median", help="median: MedianPruner(n_startup_trials=5)")
-    parser.add_argument("--workdir", default="runs/tuner", help="trials run in WORKDIR/STUDY/trial_N (default runs/tuner)")
+    parser.add_argument(
+        "--pruner", choices=["median", "none"], default="median", help="median: MedianPruner(n_startup_trials=5)"
+    )
+    parser.add_argument(
+        "--workdir", default="runs/tuner", help="trials run in WORKDIR/STUDY/trial_N (default runs/tuner)"
+    )
     args = parser.parse_args(argv)
 
     import optuna
@@ -353,8 +388,12 @@ def main(argv: list[str] | None = None) -> None:
         metric_last_n_average_window=args.last_n,
         direction=args.direction,
         aggregation_type=args.aggregation,
-        sampler=optuna.samplers.TPESampler(seed=args.sampler_seed) if args.sampler == "tpe" else optuna.samplers.RandomSampler(seed=args.sampler_seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=5) if args.pruner == "median" else optuna.pruners.NopPruner(),
+        sampler=optuna.samplers.TPESampler(seed=args.sampler_seed)
+        if args.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed=args.sampler_seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=5)
+        if args.pruner == "median"
+        else optuna.pruners.NopPruner(),
         storage=args.storage,
         study_name=args.study_name,
         workdir=args.workdir,

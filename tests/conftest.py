@@ -26,11 +26,17 @@ def script_env(**extra: str | None) -> dict:
     return {key: value for key, value in env.items() if value is not None}
 
 
-def run_script(script: str, *flags: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_script(
+    script: str, *flags: str, cwd: Path, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run cleanrl/<script> with `flags` in `cwd` (runs/ is written there)."""
     return subprocess.run(
         [sys.executable, str(ROOT / "cleanrl" / script), *flags],
-        cwd=cwd, env=env or script_env(), capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        env=env or script_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -71,8 +77,13 @@ def assert_bad_input(result: subprocess.CompletedProcess, cwd: Path, *fragments:
 def kill_at_first_checkpoint(script: str, flags: list[str] | tuple[str, ...], cwd: Path) -> Path:
     """Start cleanrl/<script>, SIGKILL it as soon as its first checkpoint exists (no chance to
     clean up: a crash or a preempted machine), and return its run directory."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / script), *flags], cwd=cwd,
-                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cleanrl" / script), *flags],
+        cwd=cwd,
+        env=script_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 120
     while not list(cwd.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -82,12 +93,20 @@ def kill_at_first_checkpoint(script: str, flags: list[str] | tuple[str, ...], cw
     return run_dir
 
 
-def sigterm_while_training(script: str, flags: list[str] | tuple[str, ...], cwd: Path, settle: float = 0.0) -> tuple[str, Path]:
+def sigterm_while_training(
+    script: str, flags: list[str] | tuple[str, ...], cwd: Path, settle: float = 0.0
+) -> tuple[str, Path]:
     """Start cleanrl/<script>, send SIGTERM once its training loop runs (its first progress line,
     then `settle` seconds more), check that it exits 0 announcing the checkpoint it wrote, and
     return its stdout and run directory."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / script), *flags], cwd=cwd,
-                            env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cleanrl" / script), *flags],
+        cwd=cwd,
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first_line = proc.stdout.readline()
     assert "steps (" in first_line, first_line + proc.stderr.read()
     time.sleep(settle)

@@ -45,6 +45,7 @@ if __name__ == "__main__":
         summary = Summary(value=[Summary.Value(tag="charts/episodic_return", simple_value=score)])
         writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
     writer.close()
-    (run_dir / "args.json").write_text(json.dumps({"env_id": env_id, "exp_name": exp_name, "seed": seed,
-                                                    "started": started, "finished": time.time()}))
+    (run_dir / "args.json").write_text(
+        json.dumps({"env_id": env_id, "exp_name": exp_name, "seed": seed, "started": started, "finished": time.time()})
+    )
     print(f"flag_echo: {run_dir} return {score}")

@@ -92,9 +92,19 @@ isaacgym_task_map = {"Cartpole": IsaacGymVecTaskDouble}
 tasks = types.SimpleNamespace(isaacgym_task_map=isaacgym_task_map)
 
 
-def make(seed: int, task: str, num_envs: int, sim_device: str, rl_device: str, graphics_device_id: int = -1,
-         headless: bool = False, multi_gpu: bool = False, virtual_screen_capture: bool = False,
-         force_render: bool = True, cfg=None):
+def make(
+    seed: int,
+    task: str,
+    num_envs: int,
+    sim_device: str,
+    rl_device: str,
+    graphics_device_id: int = -1,
+    headless: bool = False,
+    multi_gpu: bool = False,
+    virtual_screen_capture: bool = False,
+    force_render: bool = True,
+    cfg=None,
+):
     """isaacgymenvs.make's signature; returns the test double of the task."""
     assert sim_device == rl_device, "the double keeps simulation and learning on one device"
     return isaacgym_task_map[task](num_envs, rl_device, seed)
@@ -103,7 +113,7 @@ def make(seed: int, task: str, num_envs: int, sim_device: str, rl_device: str, g
 SHIMS = {
     "isaacgym/__init__.py": '"""Stand-in for NVIDIA\'s isaacgym package, for tests only (see tests/isaacgym_double.py)."""\n',
     "isaacgymenvs/__init__.py": '"""Stand-in for isaacgymenvs, for tests only: re-exports tests/isaacgym_double.py."""\n'
-                                "from isaacgym_double import make  # noqa: F401\n",
+    "from isaacgym_double import make  # noqa: F401\n",
     "isaacgymenvs/tasks/__init__.py": "from isaacgym_double import isaacgym_task_map  # noqa: F401\n",
 }
 

@@ -5,23 +5,46 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import c51
 import numpy as np
 import pytest
 import torch
-
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
 
-import c51
-
-SMALL = ["--num-envs", "2", "--buffer-size", "500", "--batch-size", "32", "--train-frequency", "2",
-         "--target-network-frequency", "50", "--n-atoms", "21", "--v-min", "-10", "--v-max", "10"]
+SMALL = [
+    "--num-envs",
+    "2",
+    "--buffer-size",
+    "500",
+    "--batch-size",
+    "32",
+    "--train-frequency",
+    "2",
+    "--target-network-frequency",
+    "50",
+    "--n-atoms",
+    "21",
+    "--v-min",
+    "-10",
+    "--v-max",
+    "10",
+]
 TINY = [*SMALL, "--learning-starts", "100"]
-C51_KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate", "charts/epsilon",
-            "losses/loss", "losses/q_values"]
+C51_KEYS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "charts/epsilon",
+    "losses/loss",
+    "losses/q_values",
+]
 
 
 def test_smoke_writes_finite_scalars_and_evaluates_saved_model(workdir):
-    result = run_script("c51.py", *TINY, "--total-timesteps", "600", "--save-model", "--eval-episodes", "2", cwd=workdir)
+    result = run_script(
+        "c51.py", *TINY, "--total-timesteps", "600", "--save-model", "--eval-episodes", "2", cwd=workdir
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     scalars = read_scalars(run_dir)
@@ -94,20 +117,30 @@ def test_projection_keeps_total_probability_and_matches_a_plain_loop():
     support = torch.linspace(-10, 10, n_atoms, dtype=torch.float64)
     next_probs = torch.softmax(3 * torch.randn(batch, n_atoms, generator=generator, dtype=torch.float64), dim=1)
     # Rewards well beyond both ends of the support, some on atoms exactly (integers), some between.
-    rewards = torch.cat([30 * torch.rand(batch // 2, generator=generator, dtype=torch.float64) - 15,
-                         torch.randint(-14, 15, (batch // 2,), generator=generator).double()])
+    rewards = torch.cat(
+        [
+            30 * torch.rand(batch // 2, generator=generator, dtype=torch.float64) - 15,
+            torch.randint(-14, 15, (batch // 2,), generator=generator).double(),
+        ]
+    )
     terminations = (torch.rand(batch, generator=generator) < 0.3).double()
     for gamma in (0.99, 1.0, 0.5):
         got = c51.project_distribution(next_probs, rewards, terminations, support, gamma)
         assert (got >= 0).all()
         torch.testing.assert_close(got.sum(dim=1), torch.ones(batch, dtype=torch.float64))
-        expected = reference_projection(next_probs.numpy(), rewards.numpy(), terminations.numpy(), support.numpy(), gamma)
+        expected = reference_projection(
+            next_probs.numpy(), rewards.numpy(), terminations.numpy(), support.numpy(), gamma
+        )
         np.testing.assert_allclose(got.numpy(), expected, atol=1e-12)
     # float32 with the default support: rounding in (tz - v_min) / delta_z must not lose mass.
     support32 = torch.linspace(-100, 100, 101)
     probs32 = torch.softmax(torch.randn(batch, 101, generator=generator), dim=1)
-    rewards32 = torch.cat([torch.randint(-300, 301, (batch // 2,), generator=generator).float(),
-                           400 * torch.rand(batch // 2, generator=generator) - 200])
+    rewards32 = torch.cat(
+        [
+            torch.randint(-300, 301, (batch // 2,), generator=generator).float(),
+            400 * torch.rand(batch // 2, generator=generator) - 200,
+        ]
+    )
     got = c51.project_distribution(probs32, rewards32, terminations.float(), support32, 0.99)
     torch.testing.assert_close(got.sum(dim=1), torch.ones(batch), atol=1e-5, rtol=0)
 
@@ -155,8 +188,18 @@ def model_weights(run_dir: Path) -> dict:
     return torch.load(run_dir / "c51.cleanrl_model", weights_only=False)["q_network"]
 
 
-RESUME_FLAGS = [*SMALL, "--learning-starts", "300", "--total-timesteps", "2000", "--checkpoint-every", "700",
-                "--save-model", "--eval-episodes", "1"]
+RESUME_FLAGS = [
+    *SMALL,
+    "--learning-starts",
+    "300",
+    "--total-timesteps",
+    "2000",
+    "--checkpoint-every",
+    "700",
+    "--save-model",
+    "--eval-episodes",
+    "1",
+]
 
 
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
@@ -189,9 +232,24 @@ def test_learns_cartpole_clearly_better_than_random(workdir):
     # A uniformly random policy averages ~22 on CartPole-v1. With these settings seeds 1 and 2
     # reached 287 and 189 over their last 20 episodes (~34 s of CPU time; more wall time on a
     # loaded 2-core machine).
-    result = run_script("c51.py", "--total-timesteps", "10000", "--learning-starts", "1000", "--train-frequency", "2",
-                        "--learning-rate", "1e-3", "--target-network-frequency", "100", "--batch-size", "64",
-                        "--exploration-fraction", "0.25", cwd=workdir)
+    result = run_script(
+        "c51.py",
+        "--total-timesteps",
+        "10000",
+        "--learning-starts",
+        "1000",
+        "--train-frequency",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        "--target-network-frequency",
+        "100",
+        "--batch-size",
+        "64",
+        "--exploration-fraction",
+        "0.25",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
     assert np.mean(returns[-20:]) > 100, returns[-20:]

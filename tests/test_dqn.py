@@ -6,24 +6,49 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import dqn
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import (
+    assert_bad_input,
+    assert_finite_keys,
+    kill_at_first_checkpoint,
+    read_scalars,
+    run_dirs,
+    run_script,
+    sigterm_while_training,
+)
 
-from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
-
-import dqn
-
-SMALL = ["--num-envs", "2", "--buffer-size", "500", "--batch-size", "32", "--train-frequency", "2",
-         "--target-network-frequency", "50"]
+SMALL = [
+    "--num-envs",
+    "2",
+    "--buffer-size",
+    "500",
+    "--batch-size",
+    "32",
+    "--train-frequency",
+    "2",
+    "--target-network-frequency",
+    "50",
+]
 TINY = [*SMALL, "--learning-starts", "100"]
-DQN_KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate", "charts/epsilon",
-            "losses/td_loss", "losses/q_values"]
+DQN_KEYS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "charts/epsilon",
+    "losses/td_loss",
+    "losses/q_values",
+]
 
 
 def test_smoke_writes_finite_scalars_and_evaluates_saved_model(workdir):
-    result = run_script("dqn.py", *TINY, "--total-timesteps", "600", "--save-model", "--eval-episodes", "2", cwd=workdir)
+    result = run_script(
+        "dqn.py", *TINY, "--total-timesteps", "600", "--save-model", "--eval-episodes", "2", cwd=workdir
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     scalars = read_scalars(run_dir)
@@ -108,7 +133,9 @@ def reference_observations(env_id: str, actions: list[int], seed: int) -> list[n
 
 
 def test_buffer_stores_the_true_final_observation_of_a_truncated_episode():
-    gym.register("CartPoleFiveSteps-v1", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=5)
+    gym.register(
+        "CartPoleFiveSteps-v1", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=5
+    )
     actions = [0, 1, 0, 1, 0, 1, 0]  # keeps the pole up: the 5th step truncates, nothing terminates
     rb, returned_obs = fill_from_rollout("CartPoleFiveSteps-v1", actions)
     d = 4
@@ -188,7 +215,9 @@ def test_resume_rejects_a_ppo_checkpoint(tmp_path):
 def test_non_finite_loss_writes_a_checkpoint_then_fails_naming_loss_and_step(workdir):
     result = run_script("dqn.py", *TINY, "--total-timesteps", "2000", "--learning-rate", "1e30", cwd=workdir)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
-    assert re.search(r"losses/(td_loss|q_values) is (nan|inf|-inf) at step \d+; checkpoint written to ", result.stderr), result.stderr
+    assert re.search(
+        r"losses/(td_loss|q_values) is (nan|inf|-inf) at step \d+; checkpoint written to ", result.stderr
+    ), result.stderr
     (run_dir,) = run_dirs(workdir)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert f"at step {checkpoint['global_step']};" in result.stderr
@@ -211,8 +240,18 @@ def assert_same_weights(a: dict, b: dict) -> None:
         assert torch.equal(a[key], b[key]), key
 
 
-RESUME_FLAGS = [*SMALL, "--learning-starts", "500", "--total-timesteps", "3000", "--checkpoint-every", "1000",
-                "--save-model", "--eval-episodes", "1"]
+RESUME_FLAGS = [
+    *SMALL,
+    "--learning-starts",
+    "500",
+    "--total-timesteps",
+    "3000",
+    "--checkpoint-every",
+    "1000",
+    "--save-model",
+    "--eval-episodes",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -262,9 +301,24 @@ def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
 def test_learns_cartpole_clearly_better_than_random(workdir):
     # A uniformly random policy averages ~22 on CartPole-v1. With these settings seeds 1-5 reached
     # 208-349 over their last 20 episodes (~20 s on 2 CPU cores).
-    result = run_script("dqn.py", "--total-timesteps", "12000", "--learning-starts", "1000", "--train-frequency", "2",
-                        "--learning-rate", "1e-3", "--target-network-frequency", "100", "--batch-size", "64",
-                        "--exploration-fraction", "0.25", cwd=workdir)
+    result = run_script(
+        "dqn.py",
+        "--total-timesteps",
+        "12000",
+        "--learning-starts",
+        "1000",
+        "--train-frequency",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        "--target-network-frequency",
+        "100",
+        "--batch-size",
+        "64",
+        "--exploration-fraction",
+        "0.25",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
     assert np.mean(returns[-20:]) > 100, returns[-20:]

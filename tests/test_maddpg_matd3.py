@@ -6,29 +6,54 @@ from __future__ import annotations
 
 import io
 from contextlib import redirect_stderr
-from pathlib import Path
 from types import SimpleNamespace
 
+import maddpg
+import matd3
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
-
-import maddpg
-import matd3
+from conftest import (
+    assert_bad_input,
+    assert_finite_keys,
+    kill_at_first_checkpoint,
+    read_scalars,
+    run_dirs,
+    run_script,
+    sigterm_while_training,
+)
 
 SCRIPTS = {"maddpg": "maddpg.py", "matd3": "matd3.py"}
 MODULES = {"maddpg": maddpg, "matd3": matd3}
 CPU = torch.device("cpu")
 # Tiny runs: 4 worlds, a few hundred steps, small networks, logs every 5 vector steps.
-TINY = ["--num-envs", "4", "--buffer-size", "2000", "--batch-size", "16", "--hidden-dim", "32", "--log-every", "5",
-        "--torch-threads", "1"]  # fmt: skip
+TINY = [
+    "--num-envs",
+    "4",
+    "--buffer-size",
+    "2000",
+    "--batch-size",
+    "16",
+    "--hidden-dim",
+    "32",
+    "--log-every",
+    "5",
+    "--torch-threads",
+    "1",
+]
 # VMAS episodes last 100 steps by default, MPE 25: shorten VMAS's so episodes end within the run.
 SMOKE_ENVS = {"vmas/navigation": ["--max-episode-steps", "20"], "mpe/simple_spread_v3": []}
-COMMON_KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-               "losses/qf1_values", "losses/qf1_loss", "losses/actor_loss", "eval/episodic_return"]  # fmt: skip
+COMMON_KEYS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/qf1_values",
+    "losses/qf1_loss",
+    "losses/actor_loss",
+    "eval/episodic_return",
+]
 KEYS = {"maddpg": COMMON_KEYS, "matd3": COMMON_KEYS + ["losses/qf2_values", "losses/qf2_loss", "losses/qf_loss"]}
 
 
@@ -65,8 +90,11 @@ def test_critic_input_is_observations_then_actions_in_agent_order(algo, env_id):
     assert n_agents > 2 and obs.shape == (3, n_agents, obs_dim)
     assert not torch.equal(obs[:, 0], obs[:, 1])  # agents see different things, so a swap would show
     # Known actions: agent j's action is (100 j + env, 100 j + env + 0.5, ...).
-    actions = (100.0 * torch.arange(n_agents)[None, :, None] + torch.arange(3.0)[:, None, None]
-               + 0.5 * torch.arange(act_dim)[None, None, :])  # fmt: skip
+    actions = (
+        100.0 * torch.arange(n_agents)[None, :, None]
+        + torch.arange(3.0)[:, None, None]
+        + 0.5 * torch.arange(act_dim)[None, None, :]
+    )
     x = module.critic_input(obs, actions)
     assert x.shape == (3, n_agents, n_agents * (obs_dim + act_dim) + n_agents)
     torch.testing.assert_close(x, hand_built_critic_input(obs, actions), rtol=0, atol=0)
@@ -74,7 +102,9 @@ def test_critic_input_is_observations_then_actions_in_agent_order(algo, env_id):
     row = x[2, 1]
     for j in range(n_agents):
         assert torch.equal(row[j * obs_dim : (j + 1) * obs_dim], obs[2, j])
-        assert torch.equal(row[n_agents * obs_dim + j * act_dim : n_agents * obs_dim + (j + 1) * act_dim], actions[2, j])
+        assert torch.equal(
+            row[n_agents * obs_dim + j * act_dim : n_agents * obs_dim + (j + 1) * act_dim], actions[2, j]
+        )
     assert row[-n_agents:].tolist() == [0.0, 1.0] + [0.0] * (n_agents - 2)
     if env_id.startswith("mpe"):
         # The observations' part is mpe2's own global state, agent by agent.
@@ -138,7 +168,9 @@ def test_matd3_smoothing_noise_stays_within_its_clip_and_the_bounds():
     narrow = (matd3.smooth_target_actions(middle, scale, low, high, policy_noise=0.2, noise_clip=0.5) - middle) / scale
     np.testing.assert_allclose(narrow.reshape(-1, 2).std(0).numpy(), [0.2, 0.2], rtol=0.04)
     for edge in (low, high):
-        smoothed = matd3.smooth_target_actions(edge.expand(20_000, 3, 2), scale, low, high, policy_noise=1.0, noise_clip=0.5)
+        smoothed = matd3.smooth_target_actions(
+            edge.expand(20_000, 3, 2), scale, low, high, policy_noise=1.0, noise_clip=0.5
+        )
         assert (smoothed >= low).all() and (smoothed <= high).all()
         assert (smoothed == edge).float().mean() > 0.45  # half of the draws push out and are clipped back
     assert torch.equal(matd3.smooth_target_actions(middle, scale, low, high, policy_noise=0.2, noise_clip=0.0), middle)
@@ -212,16 +244,24 @@ def test_buffer_stores_the_true_final_observation_and_wraps_around(algo):
     # reset one, and no termination (a truncation bootstraps).
     obs2, actions2, rewards2, final_obs2, next_obs2, truncated2 = seen[2]
     assert truncated2.all() and not torch.allclose(final_obs2, next_obs2)
-    assert torch.equal(rb.next_obs[4], final_obs2[0]) and torch.equal(rb.next_obs[0], final_obs2[1])  # slot 5 wrapped to 0
+    assert torch.equal(rb.next_obs[4], final_obs2[0]) and torch.equal(
+        rb.next_obs[0], final_obs2[1]
+    )  # slot 5 wrapped to 0
     assert rb.terminations[[4, 0]].eq(0).all()
-    assert torch.equal(rb.obs[4], obs2[0]) and torch.equal(rb.actions[0], actions2[1]) and torch.equal(rb.rewards[0], rewards2[1])
+    assert (
+        torch.equal(rb.obs[4], obs2[0])
+        and torch.equal(rb.actions[0], actions2[1])
+        and torch.equal(rb.rewards[0], rewards2[1])
+    )
     # The fourth step (slots 1, 2) starts from the reset observation.
     assert torch.equal(rb.obs[1], next_obs2[0]) and torch.equal(rb.actions[2], seen[3][1][1])
     batch = rb.sample(64)
     assert [tuple(t.shape) for t in batch] == [(64, 4, 18), (64, 4, 2), (64, 4), (64,), (64, 4, 18)]
     restored = module.ReplayBuffer(5, envs.n_agents, envs.obs_dim, envs.act_dim, CPU)
     restored.load_state_dict(rb.state_dict())
-    assert restored.pos == rb.pos and all(torch.equal(a, b) for a, b in zip(restored.fields().values(), rb.fields().values()))
+    assert restored.pos == rb.pos and all(
+        torch.equal(a, b) for a, b in zip(restored.fields().values(), rb.fields().values())
+    )
 
 
 # --- bad input --------------------------------------------------------------------------------------
@@ -242,7 +282,10 @@ def validation_error(module, **overrides) -> str:
     "overrides, fragments",
     [
         ({"continuous_actions": False}, ["needs continuous actions", "qmix.py, vdn.py or mappo.py"]),
-        ({"env_id": "vmas/navigaton"}, ["unknown --env-id 'vmas/navigaton'", "vmas/navigation", "mpe/simple_spread_v3"]),
+        (
+            {"env_id": "vmas/navigaton"},
+            ["unknown --env-id 'vmas/navigaton'", "vmas/navigation", "mpe/simple_spread_v3"],
+        ),
         ({"env_id": "mpe/simple_tag_v3"}, ["unknown --env-id", "known: vmas/balance"]),
         ({"total_timesteps": 0}, ["--total-timesteps must be positive"]),
         ({"num_envs": 0}, ["--num-envs must be positive"]),
@@ -265,9 +308,14 @@ def test_validate_rejects_bad_input_in_one_line(algo, overrides, fragments):
         assert fragment in message, message
 
 
-@pytest.mark.parametrize("overrides, fragment", [({"policy_frequency": 0}, "--policy-frequency must be positive"),
-                                                 ({"noise_clip": -0.1}, "--noise-clip must be 0 or positive"),
-                                                 ({"policy_noise": float("nan")}, "--policy-noise must be 0 or positive")])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        ({"policy_frequency": 0}, "--policy-frequency must be positive"),
+        ({"noise_clip": -0.1}, "--noise-clip must be 0 or positive"),
+        ({"policy_noise": float("nan")}, "--policy-noise must be 0 or positive"),
+    ],
+)
 def test_matd3_rejects_bad_noise_and_delay(overrides, fragment):
     assert fragment in validation_error(matd3, **overrides)
 
@@ -281,14 +329,26 @@ def test_agents_with_different_action_spaces_are_rejected(algo):
     with redirect_stderr(stderr), pytest.raises(SystemExit):
         MODULES[algo].check_action_spaces(envs, f"{algo}.py")
     assert "different action spaces" in stderr.getvalue() and len(stderr.getvalue().splitlines()) == 1
-    MODULES[algo].check_action_spaces(SimpleNamespace(same_action_space=True, action_spaces=[Box(-1, 1, (2,))] * 2), f"{algo}.py")
+    MODULES[algo].check_action_spaces(
+        SimpleNamespace(same_action_space=True, action_spaces=[Box(-1, 1, (2,))] * 2), f"{algo}.py"
+    )
 
 
 @pytest.mark.parametrize(
     "algo, flags, fragments",
-    [("maddpg", ["--no-continuous-actions"], ["maddpg.py needs continuous actions; for discrete actions use qmix.py, vdn.py or mappo.py"]),
-     ("matd3", ["--env-id", "mpe/simple_spred_v3", "--resume", "missing/checkpoint.pt"], ["unknown --env-id", "mpe/simple_spread_v3"])],
-)  # fmt: skip
+    [
+        (
+            "maddpg",
+            ["--no-continuous-actions"],
+            ["maddpg.py needs continuous actions; for discrete actions use qmix.py, vdn.py or mappo.py"],
+        ),
+        (
+            "matd3",
+            ["--env-id", "mpe/simple_spred_v3", "--resume", "missing/checkpoint.pt"],
+            ["unknown --env-id", "mpe/simple_spread_v3"],
+        ),
+    ],
+)
 # (The other cases go through validate() above: the command line adds only tyro's parsing, checked here.)
 def test_bad_input_on_the_command_line_fails_before_any_work(workdir, algo, flags, fragments):
     assert_bad_input(run_script(SCRIPTS[algo], *flags, cwd=workdir), workdir, *fragments)
@@ -298,8 +358,21 @@ def test_bad_input_on_the_command_line_fails_before_any_work(workdir, algo, flag
 
 
 def smoke_flags(env_id: str, steps: int = 400) -> list[str]:
-    return ["--env-id", env_id, *SMOKE_ENVS[env_id], *TINY, "--total-timesteps", str(steps), "--learning-starts", "100",
-            "--save-model", "--eval-episodes", "2", "--checkpoint-every", "200"]  # fmt: skip
+    return [
+        "--env-id",
+        env_id,
+        *SMOKE_ENVS[env_id],
+        *TINY,
+        "--total-timesteps",
+        str(steps),
+        "--learning-starts",
+        "100",
+        "--save-model",
+        "--eval-episodes",
+        "2",
+        "--checkpoint-every",
+        "200",
+    ]
 
 
 @pytest.mark.parametrize("algo", ["maddpg", "matd3"])
@@ -316,7 +389,9 @@ def test_smoke_writes_team_and_agent_returns_and_evaluates_the_saved_model(workd
     assert algo == "matd3" or "losses/qf2_loss" not in scalars
     # The team return is the sum of the agents' returns, logged at the same steps.
     for (step, team), *agents in zip(scalars["charts/episodic_return"], *(scalars[k] for k in agent_keys)):
-        assert all(s == step for s, _ in agents) and team == pytest.approx(sum(v for _, v in agents), rel=1e-4, abs=1e-4)
+        assert all(s == step for s, _ in agents) and team == pytest.approx(
+            sum(v for _, v in agents), rel=1e-4, abs=1e-4
+        )
     lengths = [v for _, v in scalars["charts/episodic_length"]]
     assert max(lengths) <= 20 if env_id == "vmas/navigation" else set(lengths) == {25.0}  # MPE episodes never terminate
     assert len(scalars["eval/episodic_return"]) == 2
@@ -335,7 +410,16 @@ def test_sigkill_then_resume_continues_the_run_with_fresh_environments(workdir, 
     run_dir = kill_at_first_checkpoint(SCRIPTS[algo], flags, workdir)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 200 <= checkpoint["global_step"] < 600 and checkpoint["replay_buffer"]["size"] == checkpoint["global_step"]
-    for key in ("actor", "critic", "target_actor", "target_critic", "actor_optimizer", "critic_optimizer", "episode_stats", "rng"):
+    for key in (
+        "actor",
+        "critic",
+        "target_actor",
+        "target_critic",
+        "actor_optimizer",
+        "critic_optimizer",
+        "episode_stats",
+        "rng",
+    ):
         assert checkpoint[key] is not None, key
     resumed = run_script(SCRIPTS[algo], *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
     assert resumed.returncode == 0, resumed.stderr
@@ -359,5 +443,8 @@ def test_sigterm_writes_a_checkpoint_that_the_other_script_refuses(tmp_path):
     assert checkpoint["replay_buffer"]["size"] == min(checkpoint["global_step"], 2000)
     other = tmp_path / "maddpg"
     other.mkdir()
-    assert_bad_input(run_script(SCRIPTS["maddpg"], *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=other),
-                     other, "written by matd3.py, not maddpg.py")  # fmt: skip
+    assert_bad_input(
+        run_script(SCRIPTS["maddpg"], *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=other),
+        other,
+        "written by matd3.py, not maddpg.py",
+    )

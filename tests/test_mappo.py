@@ -7,10 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import mappo
 import numpy as np
 import pytest
 import torch
-
 from conftest import (
     ROOT,
     assert_bad_input,
@@ -23,14 +23,19 @@ from conftest import (
     sigterm_while_training,
 )
 
-import mappo
-
 SCRIPT = "mappo.py"
 TINY = ["--num-envs", "4", "--num-steps", "10", "--num-minibatches", "2", "--update-epochs", "2", "--hidden-size", "16"]
 LOSS_KEYS = [
-    "charts/SPS", "charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
-    "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
-]  # fmt: skip
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+]
 EPISODE_KEYS = ["charts/episodic_return", "charts/episodic_length"]
 
 
@@ -112,7 +117,9 @@ def test_gae_per_agent_matches_python_loop_with_terminations_and_truncations():
     assert got.shape == (9, 3, 2)
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
     # The truncated step keeps its bootstrap, the terminated one loses it.
-    assert got[5, 1, 0].item() == pytest.approx(rewards[5, 1, 0] + 0.99 * next_values[5, 1, 0] - values[5, 1, 0], rel=1e-5)
+    assert got[5, 1, 0].item() == pytest.approx(
+        rewards[5, 1, 0] + 0.99 * next_values[5, 1, 0] - values[5, 1, 0], rel=1e-5
+    )
     assert got[3, 0, 1].item() == pytest.approx(rewards[3, 0, 1] - values[3, 0, 1], rel=1e-5)
 
 
@@ -155,8 +162,18 @@ def smoke(workdir, *flags: str) -> tuple:
 
 def test_smoke_vmas_navigation_continuous_with_save_model_and_evaluation(workdir):
     # 12-step episodes: 80 steps per env finish several, and the evaluation plays 3 of them.
-    result, run_dir, scalars = smoke(workdir, "--env-id", "vmas/navigation", "--total-timesteps", "160",
-                                     "--max-episode-steps", "12", "--save-model", "--eval-episodes", "3")
+    result, run_dir, scalars = smoke(
+        workdir,
+        "--env-id",
+        "vmas/navigation",
+        "--total-timesteps",
+        "160",
+        "--max-episode-steps",
+        "12",
+        "--save-model",
+        "--eval-episodes",
+        "3",
+    )
     assert "(centralised critic)" in result.stdout.splitlines()[0]
     agents = [f"charts/episodic_return_agent{i}" for i in range(4)]  # navigation has 4 agents
     assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS + agents + ["eval/episodic_return"])
@@ -170,29 +187,47 @@ def test_smoke_vmas_navigation_continuous_with_save_model_and_evaluation(workdir
     assert model["args"]["critic"] == "centralised" and model["args"]["batch_size"] == 4 * 10 * 4
     assert set(model["value_norm"]) == {"running_mean", "running_mean_sq", "debiasing_term"}
     assert model["value_norm"]["debiasing_term"] > 0  # updated: the statistics are saved
-    evaluated = subprocess.run([sys.executable, "-m", "cleanrl_utils.evaluate", str(run_dir), "--episodes", "2"],
-                               cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "cleanrl_utils.evaluate", str(run_dir), "--episodes", "2"],
+        cwd=ROOT,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert evaluated.returncode == 0, evaluated.stderr
     assert "mappo.py on vmas/navigation" in evaluated.stdout and "over 2 episodes" in evaluated.stdout
 
 
 def test_smoke_vmas_balance_discrete(workdir):
-    _, run_dir, scalars = smoke(workdir, "--env-id", "vmas/balance", "--no-continuous-actions", "--total-timesteps", "120",
-                                "--max-episode-steps", "10")  # fmt: skip
+    _, run_dir, scalars = smoke(
+        workdir,
+        "--env-id",
+        "vmas/balance",
+        "--no-continuous-actions",
+        "--total-timesteps",
+        "120",
+        "--max-episode-steps",
+        "10",
+    )
     assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS + [f"charts/episodic_return_agent{i}" for i in range(3)])
     assert "charts/episodic_return_agent3" not in scalars
     assert load_args(run_dir)["continuous_actions"] is False
 
 
 def test_smoke_mpe_simple_spread_discrete(workdir):
-    _, _, scalars = smoke(workdir, "--env-id", "mpe/simple_spread_v3", "--no-continuous-actions", "--total-timesteps", "120")
+    _, _, scalars = smoke(
+        workdir, "--env-id", "mpe/simple_spread_v3", "--no-continuous-actions", "--total-timesteps", "120"
+    )
     assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS + [f"charts/episodic_return_agent{i}" for i in range(3)])
     assert all(length == 25 for _, length in scalars["charts/episodic_length"])  # MPE's default horizon
 
 
 def test_smoke_mpe_continuous_ippo(workdir):
-    result, run_dir, scalars = smoke(workdir, "--env-id", "mpe/simple_spread_v3", "--total-timesteps", "120",
-                                     "--independent", "--exp-name", "ippo")  # fmt: skip
+    result, run_dir, scalars = smoke(
+        workdir, "--env-id", "mpe/simple_spread_v3", "--total-timesteps", "120", "--independent", "--exp-name", "ippo"
+    )
     assert "ippo (independent critic)" in result.stdout.splitlines()[0]
     assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS)
     assert "__ippo__" in run_dir.name and load_args(run_dir)["critic"] == "independent"
@@ -210,7 +245,10 @@ def load_args(run_dir) -> dict:
 @pytest.mark.parametrize(
     "flags, fragments",
     [
-        (["--env-id", "vmas/navigaton"], ["unknown --env-id 'vmas/navigaton'", "did you mean vmas/navigation", "known: vmas/balance"]),
+        (
+            ["--env-id", "vmas/navigaton"],
+            ["unknown --env-id 'vmas/navigaton'", "did you mean vmas/navigation", "known: vmas/balance"],
+        ),
         (["--env-id", "mpe/simple_tag_v3"], ["unknown --env-id 'mpe/simple_tag_v3'", "mpe/simple_spread_v3"]),
         (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "2"], ["does not divide the rollout of 15"]),
         (["--num-envs", "0"], ["--num-envs must be positive"]),
@@ -234,19 +272,30 @@ def test_validate_rejects_bad_arguments_in_one_line(capsys, flags, fragments):
 
 
 def test_bad_input_exits_before_any_work(workdir):
-    assert_bad_input(run_script(SCRIPT, "--env-id", "vmas/foo", cwd=workdir), workdir, "unknown --env-id 'vmas/foo'", "vmas/navigation")
+    assert_bad_input(
+        run_script(SCRIPT, "--env-id", "vmas/foo", cwd=workdir),
+        workdir,
+        "unknown --env-id 'vmas/foo'",
+        "vmas/navigation",
+    )
     assert_bad_input(run_script(SCRIPT, "--capture-video", cwd=workdir), workdir, "needs a display")
 
 
 def test_heterogeneous_action_spaces_are_refused(capsys):
     # No scenario accepted here has such agents (all 21 VMAS scenarios and both mpe2 tasks were checked),
     # so the check gets environments described by hand: other sizes, other bounds, the same spaces.
-    from gymnasium.spaces import Box, Discrete
     from types import SimpleNamespace
+
+    from gymnasium.spaces import Box, Discrete
 
     def envs(*spaces):
         first = spaces[0]
-        same = all(type(space) is type(first) and space.shape == first.shape and getattr(space, "n", None) == getattr(first, "n", None) for space in spaces)
+        same = all(
+            type(space) is type(first)
+            and space.shape == first.shape
+            and getattr(space, "n", None) == getattr(first, "n", None)
+            for space in spaces
+        )
         return SimpleNamespace(action_spaces=list(spaces), same_action_space=same)
 
     for spaces in [(Discrete(3), Discrete(5)), (Box(-1, 1, (2,)), Box(-2, 2, (2,))), (Box(-1, 1, (2,)), Discrete(2))]:
@@ -260,8 +309,17 @@ def test_heterogeneous_action_spaces_are_refused(capsys):
 
 # --- checkpoints, SIGTERM and resume -------------------------------------------------------------------
 
-CKPT_FLAGS = [*TINY, "--env-id", "vmas/navigation", "--max-episode-steps", "12", "--total-timesteps", "400",
-              "--checkpoint-every", "40"]  # fmt: skip
+CKPT_FLAGS = [
+    *TINY,
+    "--env-id",
+    "vmas/navigation",
+    "--max-episode-steps",
+    "12",
+    "--total-timesteps",
+    "400",
+    "--checkpoint-every",
+    "40",
+]
 
 
 def test_killed_run_resumes_from_its_checkpoint_with_fresh_environments(workdir):
@@ -281,7 +339,16 @@ def test_killed_run_resumes_from_its_checkpoint_with_fresh_environments(workdir)
 
 
 def test_sigterm_writes_a_checkpoint_and_resume_finishes(workdir):
-    flags = [*TINY, "--env-id", "vmas/balance", "--no-continuous-actions", "--total-timesteps", "1000", "--eval-episodes", "2"]
+    flags = [
+        *TINY,
+        "--env-id",
+        "vmas/balance",
+        "--no-continuous-actions",
+        "--total-timesteps",
+        "1000",
+        "--eval-episodes",
+        "2",
+    ]
     _, run_dir = sigterm_while_training(SCRIPT, flags, workdir, settle=0.2)
     checkpoint = load(run_dir / "checkpoint.pt")
     assert 0 < checkpoint["global_step"] < 1000, "SIGTERM came after the end: raise --total-timesteps"
@@ -296,7 +363,16 @@ def test_sigterm_writes_a_checkpoint_and_resume_finishes(workdir):
 
 
 def test_same_seed_gives_the_same_run(tmp_path):
-    flags = [*TINY, "--env-id", "vmas/balance", "--no-continuous-actions", "--total-timesteps", "80", "--checkpoint-every", "80"]
+    flags = [
+        *TINY,
+        "--env-id",
+        "vmas/balance",
+        "--no-continuous-actions",
+        "--total-timesteps",
+        "80",
+        "--checkpoint-every",
+        "80",
+    ]
     weights = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()

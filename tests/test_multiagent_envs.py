@@ -45,7 +45,9 @@ def test_mpe_adapter_keeps_agents_rewards_and_dones_aligned(section, continuous)
 
     num_envs, horizon, seed = 2, 4, 7
     env = section.make_env("mpe/simple_spread_v3", num_envs, CPU, seed, continuous, horizon)
-    references = [simple_spread_v3.parallel_env(max_cycles=horizon, continuous_actions=continuous) for _ in range(num_envs)]
+    references = [
+        simple_spread_v3.parallel_env(max_cycles=horizon, continuous_actions=continuous) for _ in range(num_envs)
+    ]
     obs = env.reset()
     reference_obs = [ref.reset(seed=seed + i)[0] for i, ref in enumerate(references)]
     agents = references[0].possible_agents
@@ -62,7 +64,9 @@ def test_mpe_adapter_keeps_agents_rewards_and_dones_aligned(section, continuous)
             actions = torch.as_tensor(rng.integers(0, 5, (num_envs, len(agents))))
         obs, rewards, terminated, truncated, final_obs, info = env.step(actions)
         for i, ref in enumerate(references):
-            ref_obs, ref_rew, ref_term, ref_trunc, _ = ref.step({name: actions[i, a].numpy() for a, name in enumerate(agents)})
+            ref_obs, ref_rew, ref_term, ref_trunc, _ = ref.step(
+                {name: actions[i, a].numpy() for a, name in enumerate(agents)}
+            )
             episode_returns[i] += [ref_rew[name] for name in agents]
             for a, name in enumerate(agents):
                 np.testing.assert_array_equal(final_obs[i, a].numpy(), ref_obs[name])
@@ -84,17 +88,21 @@ def test_vmas_adapter_stacks_agents_in_vmas_order_and_resets_finished_worlds_alo
     env = section.make_env("vmas/navigation", num_envs, CPU, 1, True, horizon)
     vmas_env = env.env
     obs = env.reset()
-    for a, agent_obs in enumerate(vmas_env.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)[0]):
+    for a, agent_obs in enumerate(
+        vmas_env.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)[0]
+    ):
         torch.testing.assert_close(obs[:, a, : agent_obs.shape[-1]], agent_obs)
     torch.testing.assert_close(section.global_state(obs), torch.cat([obs[:, a] for a in range(env.n_agents)], dim=-1))
 
     # Record what VMAS itself returns, to check the stacking order of the rewards.
     raw_step = vmas_env.step
     returned = {}
+
     def recording_step(actions):
         result = raw_step(actions)
         returned["rewards"] = [reward.clone() for reward in result[1]]
         return result
+
     vmas_env.step = recording_step
 
     # Worlds started together hit the time limit together: all are reset at once.
@@ -132,11 +140,25 @@ def test_unknown_env_id_lists_the_known_ones(section):
 def test_random_policy_baseline_is_logged_like_a_run(workdir):
     # benchmark/random_policy.py: the baseline row of the multi-agent benchmark tables.
     from conftest import ROOT, read_scalars, run_dirs, script_env
+
     from cleanrl_utils import results
 
     tool = [sys.executable, str(ROOT / "benchmark" / "random_policy.py")]
-    flags = ["--script", "cleanrl/qmix.py", "--env-id", "mpe/simple_spread_v3", "--no-continuous-actions",
-             "--num-envs", "4", "--total-timesteps", "400", "--log-every", "25", "--seed", "3"]  # fmt: skip
+    flags = [
+        "--script",
+        "cleanrl/qmix.py",
+        "--env-id",
+        "mpe/simple_spread_v3",
+        "--no-continuous-actions",
+        "--num-envs",
+        "4",
+        "--total-timesteps",
+        "400",
+        "--log-every",
+        "25",
+        "--seed",
+        "3",
+    ]
     finished = subprocess.run(tool + flags, cwd=workdir, env=script_env(), capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     (run_dir,) = run_dirs(workdir)
@@ -149,11 +171,20 @@ def test_random_policy_baseline_is_logged_like_a_run(workdir):
     summary = results.summarize_run(run_dir, last_n=4)
     assert summary.exp_name == "random_policy" and summary.score == pytest.approx(team.mean(), rel=1e-5)
 
-    unknown = subprocess.run(tool + ["--env-id", "mpe/simple_sprad"], cwd=workdir, env=script_env(), capture_output=True, text=True, timeout=120)
+    unknown = subprocess.run(
+        tool + ["--env-id", "mpe/simple_sprad"],
+        cwd=workdir,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert unknown.returncode != 0 and "unknown --env-id" in unknown.stderr and "mpe/simple_spread_v3" in unknown.stderr
     assert len(unknown.stderr.strip().splitlines()) == 1 and len(run_dirs(workdir)) == 1
-    for bad, message in [(["--script", "cleanrl/ppo.py"], "no multi-agent environment section"),
-                         (["--max-episode-steps", "0"], "--max-episode-steps must be positive")]:
+    for bad, message in [
+        (["--script", "cleanrl/ppo.py"], "no multi-agent environment section"),
+        (["--max-episode-steps", "0"], "--max-episode-steps must be positive"),
+    ]:
         refused = subprocess.run(tool + bad, cwd=workdir, env=script_env(), capture_output=True, text=True, timeout=120)
         assert refused.returncode != 0 and message in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
     assert len(run_dirs(workdir)) == 1

@@ -6,23 +6,40 @@ import time
 from pathlib import Path
 
 import numpy as np
+import ppo
 import pytest
 import torch
-
-from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, script_env, sigterm_while_training
-
-import ppo
+from conftest import (
+    assert_bad_input,
+    assert_finite_keys,
+    kill_at_first_checkpoint,
+    read_scalars,
+    run_dirs,
+    run_script,
+    script_env,
+    sigterm_while_training,
+)
 
 TINY = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
 PPO_KEYS = [
-    "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-    "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
-    "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
 ]
 
 
 def test_smoke_writes_finite_scalars_and_evaluates_saved_model(workdir):
-    result = run_script("ppo.py", *TINY, "--total-timesteps", "2048", "--save-model", "--eval-episodes", "2", cwd=workdir)
+    result = run_script(
+        "ppo.py", *TINY, "--total-timesteps", "2048", "--save-model", "--eval-episodes", "2", cwd=workdir
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     scalars = read_scalars(run_dir)
@@ -73,8 +90,9 @@ def test_gae_matches_python_loop_with_terminations_and_truncations(dtype):
     terminations[-1, 2] = 1  # termination at the last step
     truncations[-1, 0] = 1  # truncation at the last step
     truncations[1, 2] = terminations[1, 2] = 1  # both at once counts as a termination
-    expected = reference_gae(rewards.tolist(), values.tolist(), next_values.tolist(),
-                             terminations.tolist(), truncations.tolist(), 0.99, 0.95)
+    expected = reference_gae(
+        rewards.tolist(), values.tolist(), next_values.tolist(), terminations.tolist(), truncations.tolist(), 0.99, 0.95
+    )
     t = lambda a: torch.tensor(a, dtype=dtype)  # noqa: E731
     got = ppo.compute_gae(t(rewards), t(values), t(next_values), t(terminations), t(truncations), 0.99, 0.95)
     assert got.dtype == dtype
@@ -126,22 +144,37 @@ def fake_checkpoint(path: Path, exp_name: str, env_id: str = "CartPole-v1") -> N
 def test_resume_rejects_other_scripts_envs_and_arguments(workdir):
     other = workdir / "other.pt"
     fake_checkpoint(other, "dqn")
-    assert_bad_input(run_script("ppo.py", "--resume", str(other), cwd=workdir), workdir, "written by dqn.py, not ppo.py")
+    assert_bad_input(
+        run_script("ppo.py", "--resume", str(other), cwd=workdir), workdir, "written by dqn.py, not ppo.py"
+    )
     fake_checkpoint(other, "ppo", env_id="Acrobot-v1")
     assert_bad_input(run_script("ppo.py", "--resume", str(other), cwd=workdir), workdir, "--env-id Acrobot-v1")
     (workdir / "junk.pt").write_bytes(b"not a checkpoint")
-    assert_bad_input(run_script("ppo.py", "--resume", str(workdir / "junk.pt"), cwd=workdir), workdir, "not a readable checkpoint")
+    assert_bad_input(
+        run_script("ppo.py", "--resume", str(workdir / "junk.pt"), cwd=workdir), workdir, "not a readable checkpoint"
+    )
     # A real checkpoint resumed with different hyperparameters.
     ok = run_script("ppo.py", *TINY, "--total-timesteps", "256", "--checkpoint-every", "128", cwd=workdir)
     assert ok.returncode == 0, ok.stderr
     (run_dir,) = run_dirs(workdir)
-    mismatch = run_script("ppo.py", *TINY, "--total-timesteps", "256", "--learning-rate", "0.1",
-                          "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
+    mismatch = run_script(
+        "ppo.py",
+        *TINY,
+        "--total-timesteps",
+        "256",
+        "--learning-rate",
+        "0.1",
+        "--resume",
+        str(run_dir / "checkpoint.pt"),
+        cwd=workdir,
+    )
     assert mismatch.returncode != 0 and "--learning-rate" in mismatch.stderr and "Traceback" not in mismatch.stderr
 
 
 def test_track_without_network_or_key_finishes_offline(workdir):
-    env = script_env(WANDB_MODE=None, WANDB_BASE_URL="http://127.0.0.1:9", HOME=str(workdir), NETRC=str(workdir / "none"))
+    env = script_env(
+        WANDB_MODE=None, WANDB_BASE_URL="http://127.0.0.1:9", HOME=str(workdir), NETRC=str(workdir / "none")
+    )
     start = time.monotonic()
     result = run_script("ppo.py", *TINY, "--total-timesteps", "256", "--track", cwd=workdir, env=env, timeout=180)
     assert result.returncode == 0, result.stderr
@@ -165,7 +198,16 @@ def assert_same_weights(a: dict, b: dict) -> None:
         assert torch.equal(a[key], b[key]), key
 
 
-RESUME_FLAGS = [*TINY, "--total-timesteps", "6144", "--checkpoint-every", "1024", "--save-model", "--eval-episodes", "1"]
+RESUME_FLAGS = [
+    *TINY,
+    "--total-timesteps",
+    "6144",
+    "--checkpoint-every",
+    "1024",
+    "--save-model",
+    "--eval-episodes",
+    "1",
+]
 
 
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
@@ -192,7 +234,9 @@ def test_same_seed_gives_identical_curves(tmp_path):
         result = run_script("ppo.py", *TINY, "--total-timesteps", "2048", cwd=tmp_path / name)
         assert result.returncode == 0, result.stderr
         scalars = read_scalars(run_dirs(tmp_path / name)[0])
-        curves.append({k: [v for _, v in scalars[k]] for k in ("charts/episodic_return", "losses/value_loss", "losses/approx_kl")})
+        curves.append(
+            {k: [v for _, v in scalars[k]] for k in ("charts/episodic_return", "losses/value_loss", "losses/approx_kl")}
+        )
     assert curves[0] == curves[1]
 
 

@@ -8,19 +8,32 @@ import math
 from pathlib import Path
 
 import numpy as np
+import ppo_continuous_action as pca
 import pytest
 import torch
-
-from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
-
-import ppo_continuous_action as pca
+from conftest import (
+    assert_bad_input,
+    assert_finite_keys,
+    kill_at_first_checkpoint,
+    read_scalars,
+    run_dirs,
+    run_script,
+    sigterm_while_training,
+)
 
 SCRIPT = "ppo_continuous_action.py"
 MODEL = "ppo_continuous_action.cleanrl_model"
 TINY = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
 LOSS_KEYS = [
-    "charts/SPS", "charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
-    "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
 ]
 PPO_KEYS = ["charts/episodic_return", "charts/episodic_length", *LOSS_KEYS]
 
@@ -34,8 +47,19 @@ def load(path: Path) -> dict:
 
 def test_smoke_pendulum_writes_finite_scalars_video_and_evaluates_saved_model(workdir):
     # 256 steps per env: one time-limit truncation each (Pendulum ends only by truncation).
-    result = run_script(SCRIPT, "--env-id", "Pendulum-v1", *TINY, "--total-timesteps", "512", "--save-model",
-                        "--eval-episodes", "1", "--capture-video", cwd=workdir)
+    result = run_script(
+        SCRIPT,
+        "--env-id",
+        "Pendulum-v1",
+        *TINY,
+        "--total-timesteps",
+        "512",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--capture-video",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     scalars = read_scalars(run_dir)
@@ -52,8 +76,22 @@ def test_smoke_pendulum_writes_finite_scalars_video_and_evaluates_saved_model(wo
 def test_smoke_dm_control_flattens_dict_observations(workdir):
     # cartpole-balance episodes last 1000 steps: none ends during training, so no episodic keys.
     # A tiny --target-kl stops every update after its first epoch; --ent-coef adds the entropy bonus.
-    result = run_script(SCRIPT, "--env-id", "dm_control/cartpole-balance-v0", *TINY, "--total-timesteps", "256",
-                        "--target-kl", "1e-12", "--ent-coef", "0.01", "--save-model", "--eval-episodes", "1", cwd=workdir)
+    result = run_script(
+        SCRIPT,
+        "--env-id",
+        "dm_control/cartpole-balance-v0",
+        *TINY,
+        "--total-timesteps",
+        "256",
+        "--target-kl",
+        "1e-12",
+        "--ent-coef",
+        "0.01",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     scalars = read_scalars(run_dir)
@@ -183,8 +221,9 @@ def test_gae_matches_python_loop_with_terminations_and_truncations(dtype):
     terminations[-1, 2] = 1  # termination at the last step
     truncations[-1, 0] = 1  # truncation at the last step
     truncations[1, 2] = terminations[1, 2] = 1  # both at once counts as a termination
-    expected = reference_gae(rewards.tolist(), values.tolist(), next_values.tolist(),
-                             terminations.tolist(), truncations.tolist(), 0.99, 0.95)
+    expected = reference_gae(
+        rewards.tolist(), values.tolist(), next_values.tolist(), terminations.tolist(), truncations.tolist(), 0.99, 0.95
+    )
     t = lambda a: torch.tensor(a, dtype=dtype)  # noqa: E731
     got = pca.compute_gae(t(rewards), t(values), t(next_values), t(terminations), t(truncations), 0.99, 0.95)
     assert got.dtype == dtype and got.shape == (num_steps, num_envs)
@@ -221,8 +260,15 @@ def test_evaluate_uses_the_saved_statistics_frozen(tmp_path, monkeypatch):
     obs_rms = pca.RunningMeanStd(3)
     obs_rms.update(torch.tensor([[0.5, -0.2, 3.0], [0.1, 0.9, -4.0], [-0.7, 0.3, 1.0]]))
     path = tmp_path / MODEL
-    save_model(path, args, agent=agent.state_dict(), obs_rms=obs_rms.state_dict(),
-               return_rms=pca.RunningMeanStd(()).state_dict(), obs_dim=3, act_dim=1)
+    save_model(
+        path,
+        args,
+        agent=agent.state_dict(),
+        obs_rms=obs_rms.state_dict(),
+        return_rms=pca.RunningMeanStd(()).state_dict(),
+        obs_dim=3,
+        act_dim=1,
+    )
 
     seen = []
     original_normalize = pca.RunningMeanStd.normalize
@@ -251,7 +297,10 @@ def test_evaluate_uses_the_saved_statistics_frozen(tmp_path, monkeypatch):
     "flags, fragments",
     [
         (["--env-id", "Hoper-v5"], ["unknown environment id", "Hopper-v5"]),
-        (["--env-id", "Pendulum-v1", "--num-minibatches", "3"], ["--num-minibatches 3 does not divide the batch of 2048"]),
+        (
+            ["--env-id", "Pendulum-v1", "--num-minibatches", "3"],
+            ["--num-minibatches 3 does not divide the batch of 2048"],
+        ),
         (["--total-timesteps", "0"], ["--total-timesteps must be positive"]),
         (["--num-envs", "-2"], ["--num-envs must be positive"]),
         (["--update-epochs", "0"], ["--update-epochs must be positive"]),
@@ -281,8 +330,11 @@ def test_resume_rejects_a_checkpoint_of_another_script(workdir):
 
     other = workdir / "other.pt"
     torch.save({"format": CHECKPOINT_FORMAT, "exp_name": "ppo", "env_id": "Hopper-v5", "args": {}}, other)
-    assert_bad_input(run_script(SCRIPT, "--resume", str(other), cwd=workdir), workdir,
-                     "written by ppo.py, not ppo_continuous_action.py")
+    assert_bad_input(
+        run_script(SCRIPT, "--resume", str(other), cwd=workdir),
+        workdir,
+        "written by ppo.py, not ppo_continuous_action.py",
+    )
 
 
 # --- checkpoints, resume, determinism ------------------------------------------------------------
@@ -301,8 +353,18 @@ def assert_same_tensors(a: dict, b: dict) -> None:
             assert a[key] == b[key], key
 
 
-HOPPER_FLAGS = ["--env-id", "Hopper-v5", *TINY, "--total-timesteps", "1024", "--checkpoint-every", "256",
-                "--save-model", "--eval-episodes", "1"]
+HOPPER_FLAGS = [
+    "--env-id",
+    "Hopper-v5",
+    *TINY,
+    "--total-timesteps",
+    "1024",
+    "--checkpoint-every",
+    "256",
+    "--save-model",
+    "--eval-episodes",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -326,7 +388,9 @@ def test_smoke_hopper_writes_finite_scalars_and_evaluates_saved_model(hopper_run
     final = load(hopper_run / "checkpoint.pt")
     assert final["global_step"] == 1024
     assert_same_tensors(final["obs_rms"], model["obs_rms"])
-    return_rms = {key.removeprefix("return_rms."): value for key, value in final["reward_scaler"].items() if key != "carry"}
+    return_rms = {
+        key.removeprefix("return_rms."): value for key, value in final["reward_scaler"].items() if key != "carry"
+    }
     assert_same_tensors(return_rms, model["return_rms"])
 
 
@@ -354,11 +418,15 @@ def test_sigkill_then_resume_on_hopper_reproduces_the_uninterrupted_run(hopper_r
     model, straight_model = load(run_dir / MODEL), load(hopper_run / MODEL)
     for key in ("agent", "obs_rms", "return_rms"):
         assert_same_tensors(model[key], straight_model[key])
-    assert_same_tensors(load(run_dir / "checkpoint.pt")["reward_scaler"], load(hopper_run / "checkpoint.pt")["reward_scaler"])
+    assert_same_tensors(
+        load(run_dir / "checkpoint.pt")["reward_scaler"], load(hopper_run / "checkpoint.pt")["reward_scaler"]
+    )
 
 
 def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
-    out, run_dir = sigterm_while_training(SCRIPT, ["--env-id", "Pendulum-v1", *TINY, "--total-timesteps", "10000000"], workdir)
+    out, run_dir = sigterm_while_training(
+        SCRIPT, ["--env-id", "Pendulum-v1", *TINY, "--total-timesteps", "10000000"], workdir
+    )
     checkpoint = load(run_dir / "checkpoint.pt")
     assert 0 < checkpoint["global_step"] < 10_000_000
     assert checkpoint["obs_rms"]["_extra_state"]["count"] == pytest.approx(checkpoint["global_step"] + 2 + 1e-4)
@@ -372,8 +440,18 @@ def test_learns_inverted_pendulum_clearly_better_than_random(workdir):
     # Pendulum-v1 takes PPO far longer than a test may; InvertedPendulum-v5 shows learning in 4k
     # steps. The first episodes (a random policy) last ~7 steps; the last 20 of seeds 1-3 averaged
     # 104-122 when this test was written.
-    result = run_script(SCRIPT, "--env-id", "InvertedPendulum-v5", "--num-steps", "256", "--num-minibatches", "4",
-                        "--total-timesteps", "4096", cwd=workdir)
+    result = run_script(
+        SCRIPT,
+        "--env-id",
+        "InvertedPendulum-v5",
+        "--num-steps",
+        "256",
+        "--num-minibatches",
+        "4",
+        "--total-timesteps",
+        "4096",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
     assert np.mean(returns[:20]) < 15, returns[:20]

@@ -16,22 +16,27 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+import isaacgym_double
 import mujoco
 import numpy as np
+import ppo_isaacgym as pig
 import pytest
 import torch
-
 from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
-
-import isaacgym_double
-import ppo_isaacgym as pig
 
 SCRIPT = "ppo_isaacgym.py"
 MODEL = "ppo_isaacgym.cleanrl_model"
 TINY = ["--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2", "--log-every", "1"]
 LOSS_KEYS = [
-    "charts/SPS", "charts/learning_rate", "losses/value_loss", "losses/policy_loss", "losses/entropy",
-    "losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
 ]
 PPO_KEYS = ["charts/episodic_return", "charts/episodic_length", *LOSS_KEYS]
 
@@ -48,11 +53,13 @@ def load(path: Path) -> dict:
 # differ more (measured: ~5e-3 relative on the observation, ~1e-4 on the reward).
 # HalfCheetah, Walker2d and Humanoid are checked over 10 steps only (test time); measured there:
 # ~6e-5 absolute on the observation (HalfCheetah, Walker2d), ~7e-3 on Humanoid's contact forces.
-TOLERANCES = {"Hopper": dict(obs=(1e-4, 1e-4), reward=(1e-4, 1e-4)),
-              "Ant": dict(obs=(2e-2, 1e-2), reward=(5e-3, 1e-3)),
-              "HalfCheetah": dict(obs=(1e-3, 1e-4), reward=(1e-4, 1e-4)),
-              "Walker2d": dict(obs=(1e-3, 1e-4), reward=(1e-4, 1e-4)),
-              "Humanoid": dict(obs=(1e-2, 1e-3), reward=(1e-3, 1e-3))}
+TOLERANCES = {
+    "Hopper": dict(obs=(1e-4, 1e-4), reward=(1e-4, 1e-4)),
+    "Ant": dict(obs=(2e-2, 1e-2), reward=(5e-3, 1e-3)),
+    "HalfCheetah": dict(obs=(1e-3, 1e-4), reward=(1e-4, 1e-4)),
+    "Walker2d": dict(obs=(1e-3, 1e-4), reward=(1e-4, 1e-4)),
+    "Humanoid": dict(obs=(1e-2, 1e-3), reward=(1e-3, 1e-3)),
+}
 STEPS = {"Hopper": 100, "Ant": 100, "HalfCheetah": 10, "Walker2d": 10, "Humanoid": 10}
 
 
@@ -80,7 +87,9 @@ def set_world(env: pig.MuJoCoWarpVecEnv, world: int, gym_env: gym.Env) -> None:
     if env.env_id == "Ant":
         env.position_before[world] = as_tensor(data.xpos[1, :2])
     elif env.env_id == "Humanoid":
-        env.position_before[world] = as_tensor((model.body_mass[:, None] * data.xipos).sum(0)[:2] / model.body_mass.sum())
+        env.position_before[world] = as_tensor(
+            (model.body_mass[:, None] * data.xipos).sum(0)[:2] / model.body_mass.sum()
+        )
     else:
         env.position_before[world] = as_tensor(data.qpos[:1])
 
@@ -114,13 +123,17 @@ def test_mujoco_warp_task_matches_gymnasium_v5_step_for_step(task):
         obs, reward, terminated, truncated, _ = synced.step(action)
         # The free-running pair gets gentler actions, so that its episode tends to last the 100 steps.
         free_obs, _, free_terminated, free_truncated, _ = free.step(0.3 * action)
-        _, w_reward, w_terminated, w_truncated, info = env.step(torch.as_tensor(np.stack([action, 0.3 * action]), dtype=torch.float32))
+        _, w_reward, w_terminated, w_truncated, info = env.step(
+            torch.as_tensor(np.stack([action, 0.3 * action]), dtype=torch.float32)
+        )
         w_obs = info["final_obs"].double().numpy()  # before the autoreset, as gymnasium returns it
         assert w_obs.shape[1] == obs.shape[0]
         worst["obs"] = max(worst["obs"], relative_excess(w_obs[0], obs, *tol["obs"]))
         largest["obs"] = max(largest["obs"], float(np.max(np.abs(w_obs[0] - obs))))
         largest["reward"] = max(largest["reward"], abs(float(w_reward[0]) - reward))
-        worst["reward"] = max(worst["reward"], relative_excess(w_reward[0].double().numpy(), np.float64(reward), *tol["reward"]))
+        worst["reward"] = max(
+            worst["reward"], relative_excess(w_reward[0].double().numpy(), np.float64(reward), *tol["reward"])
+        )
         assert bool(w_terminated[0]) == terminated and bool(w_truncated[0]) == truncated, f"step {step}"
         truncations += truncated
         if terminated or truncated:
@@ -129,10 +142,12 @@ def test_mujoco_warp_task_matches_gymnasium_v5_step_for_step(task):
         if free_running:
             drift.append(float(np.max(np.abs(w_obs[1] - free_obs))))
             free_running = not (free_terminated or free_truncated or w_terminated[1] or w_truncated[1])
-    print(f"\n{task}: worst error / tolerance: obs {worst['obs']:.3g}, reward {worst['reward']:.3g}; largest "
-          f"|difference|: obs {largest['obs']:.2e}, reward {largest['reward']:.2e} "
-          f"(tolerances {tol}); episode ends in the synced trajectory {ends}; free-run drift "
-          f"(max |obs difference|) after 1, 10, {len(drift)} steps: {drift[0]:.2e}, {drift[min(9, len(drift) - 1)]:.2e}, {drift[-1]:.2e}")
+    print(
+        f"\n{task}: worst error / tolerance: obs {worst['obs']:.3g}, reward {worst['reward']:.3g}; largest "
+        f"|difference|: obs {largest['obs']:.2e}, reward {largest['reward']:.2e} "
+        f"(tolerances {tol}); episode ends in the synced trajectory {ends}; free-run drift "
+        f"(max |obs difference|) after 1, 10, {len(drift)} steps: {drift[0]:.2e}, {drift[min(9, len(drift) - 1)]:.2e}, {drift[-1]:.2e}"
+    )
     assert worst["obs"] <= 1.0 and worst["reward"] <= 1.0, worst
     assert truncations == 1  # the TimeLimit case was exercised
     if task == "Hopper":
@@ -186,7 +201,9 @@ def test_gae_matches_python_loop_with_terminations_and_truncations():
     terminations, truncations = np.zeros((9, 3)), np.zeros((9, 3))
     terminations[3, 0] = truncations[5, 1] = terminations[-1, 2] = truncations[-1, 0] = 1
     truncations[1, 2] = terminations[1, 2] = 1  # both at once counts as a termination
-    expected = reference_gae(*(a.tolist() for a in (rewards, values, next_values, terminations, truncations)), 0.99, 0.95)
+    expected = reference_gae(
+        *(a.tolist() for a in (rewards, values, next_values, terminations, truncations)), 0.99, 0.95
+    )
     t = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
     got = pig.compute_gae(t(rewards), t(values), t(next_values), t(terminations), t(truncations), 0.99, 0.95)
     np.testing.assert_allclose(got.numpy(), np.array(expected), rtol=1e-5, atol=1e-6)
@@ -221,8 +238,19 @@ def isaacgym_path(tmp_path_factory) -> str:
 
 def test_smoke_isaacgym_path_through_the_test_double(workdir, isaacgym_path):
     # Episodes of the double last at most 20 steps: terminations and time-outs both happen.
-    result = run_script(SCRIPT, "--env-id", "Cartpole", *TINY, "--total-timesteps", "512", "--save-model",
-                        "--eval-episodes", "2", cwd=workdir, env=script_env(PYTHONPATH=isaacgym_path))
+    result = run_script(
+        SCRIPT,
+        "--env-id",
+        "Cartpole",
+        *TINY,
+        "--total-timesteps",
+        "512",
+        "--save-model",
+        "--eval-episodes",
+        "2",
+        cwd=workdir,
+        env=script_env(PYTHONPATH=isaacgym_path),
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0].startswith("simulator: Isaac Gym"), result.stdout  # auto picked it
     (run_dir,) = run_dirs(workdir)
@@ -257,7 +285,10 @@ def test_isaacgym_adapter_splits_reset_buffer_into_terminations_and_truncations(
 @pytest.mark.parametrize(
     "flags, fragments",
     [
-        (["--env-id", "Anymal", "--simulator", "mujoco-warp"], ["unknown task 'Anymal'", "an Isaac Gym task", "Ant, Humanoid, Hopper, HalfCheetah, Walker2d"]),
+        (
+            ["--env-id", "Anymal", "--simulator", "mujoco-warp"],
+            ["unknown task 'Anymal'", "an Isaac Gym task", "Ant, Humanoid, Hopper, HalfCheetah, Walker2d"],
+        ),
         (["--simulator", "isaacgym"], ["--simulator isaacgym needs Isaac Gym", "Preview 4", "isaacgymenvs"]),
         (["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "2"], ["does not divide the batch of 15"]),
         (["--num-envs", "0"], ["--num-envs must be positive"]),
@@ -280,8 +311,12 @@ def test_validate_rejects_bad_arguments_in_one_line(capsys, flags, fragments):
 
 
 def test_bad_input_exits_before_any_work(workdir):
-    assert_bad_input(run_script(SCRIPT, "--env-id", "Pendulum", cwd=workdir), workdir, "unknown task 'Pendulum'", "known tasks: Ant")
-    assert_bad_input(run_script(SCRIPT, "--simulator", "isaacgym", cwd=workdir), workdir, "pip install NVIDIA's Isaac Gym")
+    assert_bad_input(
+        run_script(SCRIPT, "--env-id", "Pendulum", cwd=workdir), workdir, "unknown task 'Pendulum'", "known tasks: Ant"
+    )
+    assert_bad_input(
+        run_script(SCRIPT, "--simulator", "isaacgym", cwd=workdir), workdir, "pip install NVIDIA's Isaac Gym"
+    )
 
 
 # --- SIGTERM, checkpoints and resume ----------------------------------------------------------------
@@ -316,8 +351,14 @@ def test_smoke_mujoco_warp_is_the_default_and_writes_finite_scalars(hopper_run):
 
 def test_sigterm_then_resume_reproduces_the_uninterrupted_run(hopper_run, tmp_path):
     straight_dir, _ = hopper_run
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cleanrl" / SCRIPT), *HOPPER_FLAGS], cwd=tmp_path,
-                            env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cleanrl" / SCRIPT), *HOPPER_FLAGS],
+        cwd=tmp_path,
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)

@@ -8,20 +8,51 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import qmix
 import torch
 import tyro
-
-from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
-
-import qmix
 import vdn
+from conftest import (
+    assert_bad_input,
+    assert_finite_keys,
+    kill_at_first_checkpoint,
+    read_scalars,
+    run_dirs,
+    run_script,
+    sigterm_while_training,
+)
 
 SCRIPTS = {"qmix": "qmix.py", "vdn": "vdn.py"}
 MODULES = {"qmix": qmix, "vdn": vdn}
-KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/epsilon", "losses/td_loss", "losses/q_values"]
+KEYS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/epsilon",
+    "losses/td_loss",
+    "losses/q_values",
+]
 # 4 worlds x 100 iterations; a gradient step every 4 steps from step 100 on.
-TINY = ["--num-envs", "4", "--total-timesteps", "400", "--learning-starts", "100", "--batch-size", "16", "--buffer-size", "500",
-        "--train-frequency", "4", "--target-network-frequency", "100", "--log-every", "5", "--hidden-dim", "16"]
+TINY = [
+    "--num-envs",
+    "4",
+    "--total-timesteps",
+    "400",
+    "--learning-starts",
+    "100",
+    "--batch-size",
+    "16",
+    "--buffer-size",
+    "500",
+    "--train-frequency",
+    "4",
+    "--target-network-frequency",
+    "100",
+    "--log-every",
+    "5",
+    "--hidden-dim",
+    "16",
+]
 MIXER_SIZES = {"qmix": ["--mixing-embed-dim", "8", "--hypernet-embed-dim", "16"], "vdn": []}
 SMOKE_ENVS = {"mpe/simple_spread_v3": (3, []), "vmas/balance": (3, ["--max-episode-steps", "10"])}
 
@@ -33,7 +64,9 @@ def tiny(algo: str) -> list[str]:
 # --- the math -----------------------------------------------------------------------------------------
 
 
-def monotonicity_gradients(mixer: qmix.QMixer, n_agents: int, state_dim: int, samples: int, generator: torch.Generator) -> torch.Tensor:
+def monotonicity_gradients(
+    mixer: qmix.QMixer, n_agents: int, state_dim: int, samples: int, generator: torch.Generator
+) -> torch.Tensor:
     """dQ_tot/dQ_a for `samples` random (state, Q) pairs, [samples, n_agents], by autograd."""
     state = torch.randn(samples, state_dim, generator=generator) * 3
     agent_qs = (torch.randn(samples, n_agents, generator=generator) * 10).requires_grad_()
@@ -54,7 +87,10 @@ def test_qmix_mixture_is_monotonic_for_random_states_weights_and_after_optimiser
         # weights move freely across zero, so without the abs some dQ_tot/dQ_a would be negative.
         optimizer = torch.optim.Adam(mixer.parameters(), lr=0.05)
         for _ in range(10):
-            state, agent_qs = torch.randn(64, state_dim, generator=generator), torch.randn(64, n_agents, generator=generator)
+            state, agent_qs = (
+                torch.randn(64, state_dim, generator=generator),
+                torch.randn(64, n_agents, generator=generator),
+            )
             loss = (mixer(agent_qs, state) + 5 * agent_qs.sum(-1)).square().mean()
             optimizer.zero_grad()
             loss.backward()
@@ -86,7 +122,9 @@ def test_qmix_mixer_handles_extra_batch_dimensions():
     torch.manual_seed(0)
     mixer = qmix.QMixer(3, 6, embed_dim=4, hypernet_embed_dim=8)
     agent_qs, state = torch.randn(2, 5, 3), torch.randn(2, 5, 6)
-    torch.testing.assert_close(mixer(agent_qs, state), mixer(agent_qs.reshape(10, 3), state.reshape(10, 6)).reshape(2, 5))
+    torch.testing.assert_close(
+        mixer(agent_qs, state), mixer(agent_qs.reshape(10, 3), state.reshape(10, 6)).reshape(2, 5)
+    )
 
 
 def test_vdn_mixer_is_the_sum():
@@ -112,18 +150,26 @@ def test_double_q_targets_match_a_hand_computation():
     # Transition 0 continues, 1 terminated (no bootstrap), 2 was truncated by the time limit: it
     # keeps its bootstrap (terminated 0; its next observation is the true final one).
     rewards, terminated = [1.0, -2.0, 0.5], [0.0, 1.0, 0.0]
-    next_q_online = [[[0.0, 3.0, 1.0], [2.0, -1.0, 0.0]],
-                     [[5.0, 0.0, 0.0], [0.0, 0.0, 9.0]],
-                     [[0.0, 0.0, 1.0], [-5.0, -1.0, -3.0]]]  # fmt: skip
-    next_q_target = [[[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]],
-                     [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]],
-                     [[-1.0, -2.0, -3.0], [7.0, 8.0, 9.0]]]  # fmt: skip
+    next_q_online = [
+        [[0.0, 3.0, 1.0], [2.0, -1.0, 0.0]],
+        [[5.0, 0.0, 0.0], [0.0, 0.0, 9.0]],
+        [[0.0, 0.0, 1.0], [-5.0, -1.0, -3.0]],
+    ]
+    next_q_target = [
+        [[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]],
+        [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]],
+        [[-1.0, -2.0, -3.0], [7.0, 8.0, 9.0]],
+    ]
     t = torch.tensor
     gamma = 0.9
     # VDN: y0 = 1 + 0.9 * (20 + 40) = 55; y1 = -2; y2 = 0.5 + 0.9 * (-3 + 8) = 5.
-    got = vdn.double_q_target(t(rewards), t(terminated), t(next_q_online), t(next_q_target), torch.zeros(3, 6), vdn.VDNMixer(), gamma)
+    got = vdn.double_q_target(
+        t(rewards), t(terminated), t(next_q_online), t(next_q_target), torch.zeros(3, 6), vdn.VDNMixer(), gamma
+    )
     torch.testing.assert_close(got, t([55.0, -2.0, 5.0]))
-    assert reference_target(rewards, terminated, next_q_online, next_q_target, lambda b, q: sum(q), gamma) == pytest.approx([55.0, -2.0, 5.0])
+    assert reference_target(
+        rewards, terminated, next_q_online, next_q_target, lambda b, q: sum(q), gamma
+    ) == pytest.approx([55.0, -2.0, 5.0])
     # QMIX: the target mixer mixes the chosen target values on the next global state.
     torch.manual_seed(0)
     mixer, next_state = qmix.QMixer(2, 6, embed_dim=4, hypernet_embed_dim=8), torch.randn(3, 6)
@@ -148,7 +194,11 @@ def test_replay_buffer_wraps_and_round_trips():
     assert obs_b.shape == (64, 3, 4) and actions_b.shape == (64, 3) and torch.equal(next_obs_b, obs_b + 100)
     copy = qmix.ReplayBuffer(5, 2, 3, 4, torch.device("cpu"))
     copy.load_state_dict(rb.state_dict())
-    assert (copy.pos, copy.size) == (rb.pos, rb.size) and torch.equal(copy.obs, rb.obs) and torch.equal(copy.actions, rb.actions)
+    assert (
+        (copy.pos, copy.size) == (rb.pos, rb.size)
+        and torch.equal(copy.obs, rb.obs)
+        and torch.equal(copy.actions, rb.actions)
+    )
 
 
 def test_epsilon_greedy_is_per_agent():
@@ -176,14 +226,23 @@ def test_q_network_input_has_the_agent_id():
 @pytest.mark.parametrize(
     "flags, fragments",
     [
-        (["--continuous-actions"], ["{algo}.py needs discrete actions; for continuous actions use maddpg.py, matd3.py or mappo.py"]),
-        (["--env-id", "vmas/navigaton"], ["unknown --env-id 'vmas/navigaton'", "did you mean vmas/navigation", "known: vmas/balance"]),
+        (
+            ["--continuous-actions"],
+            ["{algo}.py needs discrete actions; for continuous actions use maddpg.py, matd3.py or mappo.py"],
+        ),
+        (
+            ["--env-id", "vmas/navigaton"],
+            ["unknown --env-id 'vmas/navigaton'", "did you mean vmas/navigation", "known: vmas/balance"],
+        ),
         (["--env-id", "mpe/simple_tag_v3"], ["unknown --env-id", "mpe/simple_spread_v3"]),
         (["--num-envs", "0"], ["--num-envs must be positive"]),
         (["--batch-size", "-4"], ["--batch-size must be positive"]),
         (["--buffer-size", "0"], ["--buffer-size must be positive"]),
         (["--total-timesteps", "0"], ["--total-timesteps must be positive"]),
-        (["--total-timesteps", "1000", "--learning-starts", "1000"], ["--learning-starts must be in [0, --total-timesteps 1000)"]),
+        (
+            ["--total-timesteps", "1000", "--learning-starts", "1000"],
+            ["--learning-starts must be in [0, --total-timesteps 1000)"],
+        ),
         (["--learning-starts", "-1"], ["--learning-starts must be in"]),
         (["--max-episode-steps", "0"], ["--max-episode-steps must be positive"]),
         (["--batch-size", "512", "--buffer-size", "256"], ["larger than --buffer-size"]),
@@ -212,9 +271,18 @@ def test_agents_with_different_action_spaces_are_refused(capsys):
 
 @pytest.mark.parametrize("algo", ["qmix", "vdn"])
 def test_bad_input_exits_before_any_work(workdir, algo):
-    assert_bad_input(run_script(SCRIPTS[algo], "--continuous-actions", cwd=workdir), workdir,
-                     f"{algo}.py needs discrete actions", "maddpg.py, matd3.py or mappo.py")  # fmt: skip
-    assert_bad_input(run_script(SCRIPTS[algo], "--env-id", "mpe/simple_spred", cwd=workdir), workdir, "unknown --env-id 'mpe/simple_spred'", "mpe/simple_spread_v3")
+    assert_bad_input(
+        run_script(SCRIPTS[algo], "--continuous-actions", cwd=workdir),
+        workdir,
+        f"{algo}.py needs discrete actions",
+        "maddpg.py, matd3.py or mappo.py",
+    )
+    assert_bad_input(
+        run_script(SCRIPTS[algo], "--env-id", "mpe/simple_spred", cwd=workdir),
+        workdir,
+        "unknown --env-id 'mpe/simple_spred'",
+        "mpe/simple_spread_v3",
+    )
 
 
 # --- smoke runs -----------------------------------------------------------------------------------
@@ -240,7 +308,10 @@ def test_smoke_writes_team_and_agent_returns_and_losses(workdir, algo, env_id):
         assert all(value == 25 for value in lengths)  # MPE episodes only end at the time limit
     else:
         assert all(0 < value <= 10 for value in lengths)  # --max-episode-steps 10, or balance's own end
-    assert max(step for step, _ in scalars["losses/td_loss"]) == 400 and min(step for step, _ in scalars["losses/td_loss"]) > 100
+    assert (
+        max(step for step, _ in scalars["losses/td_loss"]) == 400
+        and min(step for step, _ in scalars["losses/td_loss"]) > 100
+    )
     epsilon = [value for _, value in scalars["charts/epsilon"]]
     assert epsilon[0] > epsilon[-1] and epsilon == sorted(epsilon, reverse=True)
     if save:
@@ -248,7 +319,9 @@ def test_smoke_writes_team_and_agent_returns_and_losses(workdir, algo, env_id):
         from cleanrl_utils.evaluate import evaluate_model
 
         model, returns = evaluate_model(run_dir, episodes=3, seed=5, cuda=False)  # the generic entry point
-        assert model["exp_name"] == algo and len(returns) == 3 and all(r < 0 for r in returns)  # simple_spread: distances
+        assert (
+            model["exp_name"] == algo and len(returns) == 3 and all(r < 0 for r in returns)
+        )  # simple_spread: distances
 
 
 # --- checkpoints, SIGTERM and resume -------------------------------------------------------------------
@@ -285,9 +358,17 @@ def test_killed_run_resumes_from_its_checkpoint(workdir, algo):
 
 
 def test_sigterm_writes_a_checkpoint_and_resumes(workdir):
-    _, run_dir = sigterm_while_training("qmix.py", resumable("qmix") + ["--total-timesteps", "100000"], workdir, settle=1.0)
+    _, run_dir = sigterm_while_training(
+        "qmix.py", resumable("qmix") + ["--total-timesteps", "100000"], workdir, settle=1.0
+    )
     checkpoint = load(run_dir / "checkpoint.pt")
-    assert 0 < checkpoint["global_step"] < 100000 and set(checkpoint) >= {"mixer", "target_mixer", "optimizer", "replay_buffer", "rng"}
+    assert 0 < checkpoint["global_step"] < 100000 and set(checkpoint) >= {
+        "mixer",
+        "target_mixer",
+        "optimizer",
+        "replay_buffer",
+        "rng",
+    }
     # The other script, or other arguments, refuse the checkpoint in one line.
     result = run_script("vdn.py", *resumable("vdn"), "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
     assert result.returncode == 2 and "written by qmix.py, not vdn.py" in result.stderr

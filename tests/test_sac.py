@@ -10,18 +10,32 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+import sac_continuous_action as sac
 import torch
 import torch.nn.functional as F
-
-from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
-
-import sac_continuous_action as sac
+from conftest import (
+    assert_bad_input,
+    assert_finite_keys,
+    kill_at_first_checkpoint,
+    read_scalars,
+    run_dirs,
+    run_script,
+    sigterm_while_training,
+)
 
 SCRIPT = "sac_continuous_action.py"
 SMALL = ["--batch-size", "32", "--buffer-size", "1000"]
 TINY = [*SMALL, "--learning-starts", "200"]
-LOSS_KEYS = ["losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss", "losses/qf_loss",
-             "losses/actor_loss", "losses/alpha", "losses/alpha_loss"]
+LOSS_KEYS = [
+    "losses/qf1_values",
+    "losses/qf2_values",
+    "losses/qf1_loss",
+    "losses/qf2_loss",
+    "losses/qf_loss",
+    "losses/actor_loss",
+    "losses/alpha",
+    "losses/alpha_loss",
+]
 SAC_KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", *LOSS_KEYS]
 
 
@@ -29,8 +43,23 @@ SAC_KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", *L
 
 
 def test_smoke_pendulum_two_envs_with_video_and_saved_model(workdir):
-    result = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--learning-starts", "100", "--num-envs", "2",
-                        "--total-timesteps", "400", "--capture-video", "--save-model", "--eval-episodes", "1", cwd=workdir)
+    result = run_script(
+        SCRIPT,
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--learning-starts",
+        "100",
+        "--num-envs",
+        "2",
+        "--total-timesteps",
+        "400",
+        "--capture-video",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     scalars = read_scalars(run_dir)
@@ -43,8 +72,20 @@ def test_smoke_pendulum_two_envs_with_video_and_saved_model(workdir):
 
 
 def test_smoke_dm_control_flattens_dict_observations(workdir):
-    result = run_script(SCRIPT, "--env-id", "dm_control/cheetah-run-v0", *SMALL, "--learning-starts", "100",
-                        "--total-timesteps", "300", "--save-model", "--eval-episodes", "1", cwd=workdir)
+    result = run_script(
+        SCRIPT,
+        "--env-id",
+        "dm_control/cheetah-run-v0",
+        *SMALL,
+        "--learning-starts",
+        "100",
+        "--total-timesteps",
+        "300",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     scalars = read_scalars(run_dir)
@@ -77,8 +118,10 @@ def test_squashed_log_prob_matches_finite_difference_change_of_variables():
         u = mean + np.exp(log_std) * rng.normal(size=3)
         # log p(a) = log N(u) - log |det da/du|, with the Jacobian from central differences.
         h = 1e-6
-        jacobian = np.stack([(squash_numpy(u + h * e, LOW, HIGH) - squash_numpy(u - h * e, LOW, HIGH)) / (2 * h)
-                             for e in np.eye(3)], axis=1)
+        jacobian = np.stack(
+            [(squash_numpy(u + h * e, LOW, HIGH) - squash_numpy(u - h * e, LOW, HIGH)) / (2 * h) for e in np.eye(3)],
+            axis=1,
+        )
         t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
         reference = normal_log_density(t(u), t(mean), t(np.exp(log_std))) - np.linalg.slogdet(jacobian)[1]
         noise = (u - mean) / np.exp(log_std)
@@ -119,7 +162,9 @@ def test_actor_sample_returns_the_log_density_of_its_action():
     assert (log_std >= sac.LOG_STD_MIN).all() and (log_std <= sac.LOG_STD_MAX).all()
     u = torch.atanh(sac.from_env_action(actions, actor.action_scale, actor.action_bias))
     # Change of variables, the textbook way: log N(u) - sum log(scale * (1 - tanh(u)^2)).
-    reference = normal_log_density(u, mean, log_std.exp()) - torch.log(actor.action_scale * (1 - torch.tanh(u) ** 2)).sum(-1)
+    reference = normal_log_density(u, mean, log_std.exp()) - torch.log(
+        actor.action_scale * (1 - torch.tanh(u) ** 2)
+    ).sum(-1)
     assert torch.allclose(log_prob, reference, rtol=1e-6, atol=1e-6)
     mean_actions = actor.mean_action(obs)
     assert torch.allclose(mean_actions, sac.to_env_action(torch.tanh(mean), actor.action_scale, actor.action_bias))
@@ -165,8 +210,10 @@ def test_soft_q_target_cuts_the_bootstrap_only_at_terminations(dtype):
     # 0: terminated; 1: truncated by a time limit (stored as not terminated); 2: mid-episode;
     # 3: terminated with a negative soft value (must not leak into the target either).
     terminations = [1.0, 0.0, 0.0, 1.0]
-    expected = [r if done else r + gamma * (q - alpha * lp)
-                for r, q, lp, done in zip(rewards, next_q_min, next_log_prob, terminations)]
+    expected = [
+        r if done else r + gamma * (q - alpha * lp)
+        for r, q, lp, done in zip(rewards, next_q_min, next_log_prob, terminations)
+    ]
     t = lambda a: torch.tensor(a, dtype=dtype)  # noqa: E731
     got = sac.soft_q_target(t(rewards), t(terminations), t(next_q_min), t(next_log_prob), t(alpha), gamma)
     assert got.dtype == dtype
@@ -200,8 +247,9 @@ def test_twin_critics_match_two_plain_mlps_and_frozen_leaves_weights_alone():
 
 
 def test_buffer_stores_the_true_final_observation_and_only_terminations():
-    gym.register("PendulumFiveSteps-v1", entry_point="gymnasium.envs.classic_control.pendulum:PendulumEnv",
-                 max_episode_steps=5)
+    gym.register(
+        "PendulumFiveSteps-v1", entry_point="gymnasium.envs.classic_control.pendulum:PendulumEnv", max_episode_steps=5
+    )
     envs = sac.make_envs("PendulumFiveSteps-v1", 2)
     rb = sac.ReplayBuffer(100, 2, 3, 1, torch.device("cpu"))
     obs, _ = envs.reset(seed=3)
@@ -220,7 +268,7 @@ def test_buffer_stores_the_true_final_observation_and_only_terminations():
         seen = [plain.reset(seed=3 + env_index)[0]]
         for step in range(5):
             seen.append(plain.step(actions_taken[step][env_index])[0])
-        rows = rb.data[env_index : 14 : 2]  # obs 0:3 | next_obs 3:6 | action 6 | reward 7 | termination 8
+        rows = rb.data[env_index:14:2]  # obs 0:3 | next_obs 3:6 | action 6 | reward 7 | termination 8
         np.testing.assert_allclose(rows[4, 3:6].numpy(), seen[5], rtol=1e-6)  # the true final observation
         assert not np.allclose(rows[4, 3:6].numpy(), returned[4][env_index])  # not the reset one
         np.testing.assert_array_equal(rows[5, :3].numpy(), returned[4][env_index])  # the next episode starts from it
@@ -255,8 +303,10 @@ def test_buffer_flags_hopper_terminations():
     "flags, fragments",
     [
         (["--env-id", "CartPole-v1"], ["Box", "cleanrl/dqn.py"]),
-        (["--env-id", "Pendulum-v1", "--buffer-size", "256", "--batch-size", "512"],
-         ["--batch-size 512 is larger than --buffer-size 256"]),
+        (
+            ["--env-id", "Pendulum-v1", "--buffer-size", "256", "--batch-size", "512"],
+            ["--batch-size 512 is larger than --buffer-size 256"],
+        ),
     ],
 )
 def test_bad_input_fails_in_one_line(workdir, flags, fragments):
@@ -303,8 +353,15 @@ def test_resume_rejects_another_scripts_checkpoint(workdir):
     from cleanrl_utils.checkpoint import CHECKPOINT_FORMAT
 
     path = workdir / "dqn.pt"
-    torch.save({"format": CHECKPOINT_FORMAT, "exp_name": "dqn", "env_id": "Pendulum-v1",
-                "args": {"exp_name": "dqn", "env_id": "Pendulum-v1"}}, path)
+    torch.save(
+        {
+            "format": CHECKPOINT_FORMAT,
+            "exp_name": "dqn",
+            "env_id": "Pendulum-v1",
+            "args": {"exp_name": "dqn", "env_id": "Pendulum-v1"},
+        },
+        path,
+    )
     result = run_script(SCRIPT, "--env-id", "Pendulum-v1", "--resume", str(path), cwd=workdir)
     assert_bad_input(result, workdir, "written by dqn.py, not sac_continuous_action.py")
 
@@ -328,8 +385,23 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 
 # The buffer (500) is smaller than the run (800 steps): the resumed run also wraps around.
-RESUME_FLAGS = ["--env-id", "Pendulum-v1", "--batch-size", "32", "--buffer-size", "500", "--learning-starts", "150",
-                "--total-timesteps", "800", "--checkpoint-every", "300", "--save-model", "--eval-episodes", "1"]
+RESUME_FLAGS = [
+    "--env-id",
+    "Pendulum-v1",
+    "--batch-size",
+    "32",
+    "--buffer-size",
+    "500",
+    "--learning-starts",
+    "150",
+    "--total-timesteps",
+    "800",
+    "--checkpoint-every",
+    "300",
+    "--save-model",
+    "--eval-episodes",
+    "1",
+]
 
 
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
@@ -359,8 +431,20 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
 def test_hopper_smoke_then_resume_continues_exactly(workdir):
     # A checkpoint at step 400 of a 700-step run stays on disk; resuming from it must redo
     # steps 401-700 exactly: Hopper's physics, its random generator and the episode counters.
-    flags = ["--env-id", "Hopper-v5", *SMALL, "--learning-starts", "200", "--total-timesteps", "700",
-             "--checkpoint-every", "400", "--save-model", "--eval-episodes", "1"]
+    flags = [
+        "--env-id",
+        "Hopper-v5",
+        *SMALL,
+        "--learning-starts",
+        "200",
+        "--total-timesteps",
+        "700",
+        "--checkpoint-every",
+        "400",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+    ]
     result = run_script(SCRIPT, *flags, cwd=workdir)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
@@ -378,7 +462,9 @@ def test_hopper_smoke_then_resume_continues_exactly(workdir):
 
 
 def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
-    out, run_dir = sigterm_while_training(SCRIPT, ["--env-id", "Pendulum-v1", *TINY, "--total-timesteps", "10000000"], workdir)
+    out, run_dir = sigterm_while_training(
+        SCRIPT, ["--env-id", "Pendulum-v1", *TINY, "--total-timesteps", "10000000"], workdir
+    )
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < 10_000_000
     assert checkpoint["replay_buffer"]["size"] == min(checkpoint["global_step"], 1000)
@@ -393,8 +479,19 @@ def test_learns_pendulum_clearly_better_than_random(workdir):
     # A uniformly random policy averages about -1200 on Pendulum-v1. At the standard
     # hyperparameters, the last 5 of 22 episodes average -237 (seed 1) and -180 (seed 2).
     # One torch thread: the numbers above were measured so (thread counts change float rounding).
-    result = run_script(SCRIPT, "--env-id", "Pendulum-v1", "--total-timesteps", "4400", "--learning-starts", "1000",
-                        "--torch-threads", "1", cwd=workdir, timeout=900)
+    result = run_script(
+        SCRIPT,
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "4400",
+        "--learning-starts",
+        "1000",
+        "--torch-threads",
+        "1",
+        cwd=workdir,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr
     returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
     assert len(returns) == 22

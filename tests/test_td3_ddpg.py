@@ -9,22 +9,35 @@ import subprocess
 from contextlib import redirect_stderr
 from pathlib import Path
 
+import ddpg_continuous_action as ddpg
 import gymnasium as gym
 import numpy as np
 import pytest
+import td3_continuous_action as td3
 import torch
 import torch.nn.functional as F
-
-from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script, sigterm_while_training
-
-import ddpg_continuous_action as ddpg
-import td3_continuous_action as td3
+from conftest import (
+    assert_bad_input,
+    assert_finite_keys,
+    kill_at_first_checkpoint,
+    read_scalars,
+    run_dirs,
+    run_script,
+    sigterm_while_training,
+)
 
 SCRIPTS = {"td3": "td3_continuous_action.py", "ddpg": "ddpg_continuous_action.py"}
 MODULES = {"td3": td3, "ddpg": ddpg}
 SMALL = ["--num-envs", "2", "--buffer-size", "1000", "--batch-size", "32"]
-COMMON_KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-               "losses/qf1_values", "losses/qf1_loss", "losses/actor_loss"]
+COMMON_KEYS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/qf1_values",
+    "losses/qf1_loss",
+    "losses/actor_loss",
+]
 KEYS = {"td3": COMMON_KEYS + ["losses/qf2_values", "losses/qf2_loss", "losses/qf_loss"], "ddpg": COMMON_KEYS}
 # Asymmetric bounds: shifted, of different widths, one entirely negative.
 LOW, HIGH = torch.tensor([-1.0, 0.0, -3.0]), torch.tensor([2.0, 5.0, -1.0])
@@ -38,8 +51,25 @@ RESUMABLE = [("td3", "Pendulum-v1", 1000), ("ddpg", "Pendulum-v1", 1000), ("td3"
 
 
 def resumable_flags(env_id: str, steps: int) -> list[str]:
-    return ["--env-id", env_id, "--num-envs", "1", "--buffer-size", "2000", "--batch-size", "32", "--learning-starts", "200",
-            "--total-timesteps", str(steps), "--checkpoint-every", "300", "--save-model", "--eval-episodes", "1"]
+    return [
+        "--env-id",
+        env_id,
+        "--num-envs",
+        "1",
+        "--buffer-size",
+        "2000",
+        "--batch-size",
+        "32",
+        "--learning-starts",
+        "200",
+        "--total-timesteps",
+        str(steps),
+        "--checkpoint-every",
+        "300",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -75,20 +105,50 @@ def test_smoke_writes_finite_scalars_and_evaluates_saved_model(straight_runs, al
 
 
 # dm_control episodes last 1000 steps: 2 envs x 1000 steps end one episode each.
-@pytest.mark.parametrize("algo, env_id, steps, learning_starts",
-                         [("ddpg", "Hopper-v5", 400, 200), ("td3", "dm_control/cartpole-balance-v0", 2000, 1800),
-                          ("ddpg", "dm_control/cartpole-balance-v0", 2000, 1800)])
+@pytest.mark.parametrize(
+    "algo, env_id, steps, learning_starts",
+    [
+        ("ddpg", "Hopper-v5", 400, 200),
+        ("td3", "dm_control/cartpole-balance-v0", 2000, 1800),
+        ("ddpg", "dm_control/cartpole-balance-v0", 2000, 1800),
+    ],
+)
 def test_smoke_with_several_envs(workdir, algo, env_id, steps, learning_starts):
-    result = run_script(SCRIPTS[algo], "--env-id", env_id, *SMALL, "--total-timesteps", str(steps), "--learning-starts",
-                        str(learning_starts), "--save-model", "--eval-episodes", "1", cwd=workdir)
+    result = run_script(
+        SCRIPTS[algo],
+        "--env-id",
+        env_id,
+        *SMALL,
+        "--total-timesteps",
+        str(steps),
+        "--learning-starts",
+        str(learning_starts),
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     check_smoke_run(run_dir, result.stdout, algo, steps)
 
 
 def test_capture_video_writes_mp4_of_training_and_evaluation(workdir):
-    result = run_script(SCRIPTS["td3"], "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "400", "--learning-starts", "300",
-                        "--capture-video", "--save-model", "--eval-episodes", "1", cwd=workdir)
+    result = run_script(
+        SCRIPTS["td3"],
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--total-timesteps",
+        "400",
+        "--learning-starts",
+        "300",
+        "--capture-video",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     assert list((run_dir / "videos").glob("*.mp4")), "no training video written"
@@ -107,7 +167,9 @@ def test_action_scaling_to_asymmetric_bounds_round_trips(algo):
     assert torch.equal(scale(-torch.ones(3)), LOW) and torch.equal(scale(torch.ones(3)), HIGH)
     assert torch.equal(scale(torch.zeros(3)), (LOW + HIGH) / 2)
     squashed = torch.rand(100, 3) * 2 - 1
-    np.testing.assert_allclose(((scale(squashed) - actor.action_bias) / actor.action_scale).numpy(), squashed.numpy(), atol=1e-6)
+    np.testing.assert_allclose(
+        ((scale(squashed) - actor.action_bias) / actor.action_scale).numpy(), squashed.numpy(), atol=1e-6
+    )
     # The actor's outputs stay within the bounds and reach both ends of each.
     with torch.no_grad():
         actor.fc_mu.bias.fill_(100.0)
@@ -133,7 +195,9 @@ def test_random_and_exploration_actions_respect_asymmetric_bounds(algo):
     scale = (HIGH - LOW) / 2
     middle = ((LOW + HIGH) / 2).expand(20_000, 3)
     noisy = module.add_exploration_noise(middle, scale, LOW, HIGH, 0.1)
-    np.testing.assert_allclose((noisy - middle).std(0).numpy(), (0.1 * scale).numpy(), rtol=0.03)  # noise in half-ranges
+    np.testing.assert_allclose(
+        (noisy - middle).std(0).numpy(), (0.1 * scale).numpy(), rtol=0.03
+    )  # noise in half-ranges
     at_top = module.add_exploration_noise(HIGH.expand(20_000, 3), scale, LOW, HIGH, 0.1)
     assert (at_top <= HIGH).all() and (at_top >= LOW).all() and (at_top == HIGH).float().mean() > 0.4  # clipped
 
@@ -147,7 +211,9 @@ def test_td3_smoothing_noise_stays_within_its_clip_and_the_bounds():
     noise = (smoothed - middle) / scale
     assert noise.abs().max() <= 0.5 + 1e-6
     assert (noise.abs() > 0.5 - 1e-6).float().mean() > 0.5  # the clip is where the noise piles up
-    assert ((noise > 0) & (noise < 0.4)).any() and ((noise < 0) & (noise > -0.4)).any()  # and it is noise, not a constant
+    assert ((noise > 0) & (noise < 0.4)).any() and (
+        (noise < 0) & (noise > -0.4)
+    ).any()  # and it is noise, not a constant
     # A narrow noise (std 0.2) is barely touched by the clip: std ~0.2 half-ranges per dimension.
     narrow = (td3.smooth_target_actions(middle, scale, LOW, HIGH, policy_noise=0.2, noise_clip=0.5) - middle) / scale
     np.testing.assert_allclose(narrow.std(0).numpy(), [0.2] * 3, rtol=0.04)
@@ -203,7 +269,9 @@ def test_ddpg_frozen_critic_passes_gradients_to_the_actions_only():
     critic = ddpg.QNetwork(3, 2)
     obs, actions = torch.randn(7, 3), torch.randn(7, 2, requires_grad=True)
     q = critic(obs, actions, frozen=True)
-    torch.testing.assert_close(q, critic.fc3(F.relu(critic.fc2(F.relu(critic.fc1(torch.cat([obs, actions], -1)))))).squeeze(-1))
+    torch.testing.assert_close(
+        q, critic.fc3(F.relu(critic.fc2(F.relu(critic.fc1(torch.cat([obs, actions], -1)))))).squeeze(-1)
+    )
     q.sum().backward()
     assert actions.grad.abs().sum() > 0 and all(p.grad is None for p in critic.parameters())
 
@@ -246,7 +314,11 @@ def reference_rollout(env_id: str, actions: np.ndarray, seed: int) -> tuple[list
 @pytest.mark.parametrize("algo", ["td3", "ddpg"])
 def test_buffer_stores_the_true_final_observation_of_a_truncated_episode(algo):
     if "PendulumFiveSteps-v1" not in gym.registry:
-        gym.register("PendulumFiveSteps-v1", entry_point="gymnasium.envs.classic_control.pendulum:PendulumEnv", max_episode_steps=5)
+        gym.register(
+            "PendulumFiveSteps-v1",
+            entry_point="gymnasium.envs.classic_control.pendulum:PendulumEnv",
+            max_episode_steps=5,
+        )
     actions = np.linspace(-2, 2, 7, dtype=np.float32)[:, None]  # the 5th step truncates, nothing terminates
     rb, returned_obs = fill_from_rollout(MODULES[algo], "PendulumFiveSteps-v1", actions, num_envs=2, seed=3)
     d, a = 3, 1  # row: obs 0:3 | next_obs 3:6 | action 6 | reward 7 | termination 8
@@ -318,8 +390,11 @@ def test_validate_rejects_bad_input_in_one_line(algo, overrides, fragments):
 
 @pytest.mark.parametrize(
     "overrides, fragment",
-    [({"noise_clip": -0.1}, "--noise-clip must be 0 or positive"), ({"policy_noise": -0.2}, "--policy-noise must be 0 or positive"),
-     ({"policy_noise": float("nan")}, "--policy-noise must be 0 or positive")],
+    [
+        ({"noise_clip": -0.1}, "--noise-clip must be 0 or positive"),
+        ({"policy_noise": -0.2}, "--policy-noise must be 0 or positive"),
+        ({"policy_noise": float("nan")}, "--policy-noise must be 0 or positive"),
+    ],
 )
 def test_td3_rejects_negative_noise(overrides, fragment):
     assert fragment in validation_error(td3, **overrides)
@@ -327,8 +402,10 @@ def test_td3_rejects_negative_noise(overrides, fragment):
 
 @pytest.mark.parametrize(
     "algo, flags, fragments",
-    [("td3", ["--env-id", "CartPole-v1"], ["Box", "cleanrl/dqn.py"]),
-     ("ddpg", ["--env-id", "Pendulum-v1", "--resume", "missing/checkpoint.pt"], ["--resume", "no such file"])],
+    [
+        ("td3", ["--env-id", "CartPole-v1"], ["Box", "cleanrl/dqn.py"]),
+        ("ddpg", ["--env-id", "Pendulum-v1", "--resume", "missing/checkpoint.pt"], ["--resume", "no such file"]),
+    ],
 )
 def test_bad_input_on_the_command_line_fails_before_any_work(workdir, algo, flags, fragments):
     assert_bad_input(run_script(SCRIPTS[algo], *flags, cwd=workdir), workdir, *fragments)
@@ -373,18 +450,35 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(workdir, straight_
 def test_sigterm_writes_checkpoint_and_exits_zero(tmp_path):
     workdir = tmp_path / "td3"
     workdir.mkdir()
-    out, run_dir = sigterm_while_training(SCRIPTS["td3"], ["--env-id", "Pendulum-v1", *SMALL, "--learning-starts", "100", "--total-timesteps", "10000000"], workdir, settle=0.5)
+    out, run_dir = sigterm_while_training(
+        SCRIPTS["td3"],
+        ["--env-id", "Pendulum-v1", *SMALL, "--learning-starts", "100", "--total-timesteps", "10000000"],
+        workdir,
+        settle=0.5,
+    )
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < 10_000_000
     assert checkpoint["replay_buffer"]["size"] == min(checkpoint["global_step"], 1000)
-    for key in ("actor", "critic", "target_actor", "target_critic", "actor_optimizer", "critic_optimizer", "envs", "rng"):
+    for key in (
+        "actor",
+        "critic",
+        "target_actor",
+        "target_critic",
+        "actor_optimizer",
+        "critic_optimizer",
+        "envs",
+        "rng",
+    ):
         assert checkpoint[key] is not None, key
 
     # The other script refuses this checkpoint.
     other = tmp_path / "ddpg"
     other.mkdir()
-    assert_bad_input(run_script(SCRIPTS["ddpg"], "--env-id", "Pendulum-v1", "--resume", str(run_dir / "checkpoint.pt"), cwd=other),
-                     other, "written by td3_continuous_action.py, not ddpg_continuous_action.py")
+    assert_bad_input(
+        run_script(SCRIPTS["ddpg"], "--env-id", "Pendulum-v1", "--resume", str(run_dir / "checkpoint.pt"), cwd=other),
+        other,
+        "written by td3_continuous_action.py, not ddpg_continuous_action.py",
+    )
 
 
 # --- learning ----------------------------------------------------------------------------------
@@ -394,8 +488,19 @@ def test_td3_learns_pendulum_clearly_better_than_random(workdir):
     # A uniformly random policy averages about -1200 on Pendulum-v1 (200-step episodes). With
     # these settings seeds 1 and 2 both end near -150 (-260 already at 7000 steps).
     # One torch thread: the numbers above were measured so (thread counts change float rounding).
-    result = run_script(SCRIPTS["td3"], "--env-id", "Pendulum-v1", "--total-timesteps", "8000", "--learning-starts", "1000",
-                        "--torch-threads", "1", cwd=workdir, timeout=900)
+    result = run_script(
+        SCRIPTS["td3"],
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "8000",
+        "--learning-starts",
+        "1000",
+        "--torch-threads",
+        "1",
+        cwd=workdir,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr
     returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
     assert len(returns) == 40

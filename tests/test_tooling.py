@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.utils.tensorboard import SummaryWriter
-
 from conftest import ROOT, assert_bad_input, read_scalars, run_dirs, run_script, script_env
+from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_utils import benchmark, evaluate, plot, results, tuner
 
@@ -36,8 +35,14 @@ PPO_TINY_PARAMS = {"total-timesteps": 1024, "num-envs": 2, "num-steps": 64, "num
 
 
 def run_module(module: str, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=script_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def call_main(main, argv: list[str], capsys) -> subprocess.CompletedProcess:
@@ -51,7 +56,9 @@ def call_main(main, argv: list[str], capsys) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
 
 
-def fake_run(root: Path, env_id: str, exp_name: str, seed: int, points: list[tuple[int, float]], tag="charts/episodic_return") -> Path:
+def fake_run(
+    root: Path, env_id: str, exp_name: str, seed: int, points: list[tuple[int, float]], tag="charts/episodic_return"
+) -> Path:
     run_dir = root / f"{env_id}__{exp_name}__{seed}__{1_700_000_000 + seed}"
     run_dir.mkdir(parents=True)
     (run_dir / "args.json").write_text(json.dumps({"env_id": env_id, "exp_name": exp_name, "seed": seed}))
@@ -71,8 +78,19 @@ def ppo_runs(tmp_path_factory):
     runner itself runs in this process (torch is already imported); the four runs are subprocesses."""
     cwd = tmp_path_factory.mktemp("benchmark")
     command = f"{PY} {shlex.quote(str(ROOT / 'cleanrl' / 'ppo.py'))} {TINY_PPO} --save-model --eval-episodes 1"
-    argv = ["--env-ids", "CartPole-v1", "Acrobot-v1", "--command", command, "--num-seeds", "2", "--workers", "1",
-            "--output", "results/ppo"]
+    argv = [
+        "--env-ids",
+        "CartPole-v1",
+        "Acrobot-v1",
+        "--command",
+        command,
+        "--num-seeds",
+        "2",
+        "--workers",
+        "1",
+        "--output",
+        "results/ppo",
+    ]
     out, err, code = io.StringIO(), io.StringIO(), 0
     previous = os.getcwd()
     os.chdir(cwd)
@@ -90,7 +108,10 @@ def test_benchmark_runs_every_env_and_seed_and_tabulates_them(ppo_runs):
     cwd, result = ppo_runs
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     runs = run_dirs(cwd)
-    made = sorted((json.loads((d / "args.json").read_text())["env_id"], json.loads((d / "args.json").read_text())["seed"]) for d in runs)
+    made = sorted(
+        (json.loads((d / "args.json").read_text())["env_id"], json.loads((d / "args.json").read_text())["seed"])
+        for d in runs
+    )
     assert made == [("Acrobot-v1", 1), ("Acrobot-v1", 2), ("CartPole-v1", 1), ("CartPole-v1", 2)]  # 4 runs
     # The table holds one row per script x environment, each aggregating its 2 seeds.
     with open(cwd / "results" / "ppo.csv") as f:
@@ -99,20 +120,35 @@ def test_benchmark_runs_every_env_and_seed_and_tabulates_them(ppo_runs):
     for env_id, row in rows.items():
         assert (row["script"], row["seeds"], row["steps"]) == ("ppo.py", "1 2", "1024")
         # By hand: each run's mean of its last 100 episodic returns, then mean +- std across the seeds.
-        scores = [np.mean([v for _, v in read_scalars(d)["charts/episodic_return"]][-100:])
-                  for d in runs if d.name.startswith(env_id + "__")]
+        scores = [
+            np.mean([v for _, v in read_scalars(d)["charts/episodic_return"]][-100:])
+            for d in runs
+            if d.name.startswith(env_id + "__")
+        ]
         assert row["return"] == f"{np.mean(scores):.2f} +- {np.std(scores):.2f}"
     assert "| ppo.py | CartPole-v1 | 1024 | 1 2 |" in (cwd / "results" / "ppo.md").read_text()
     assert "4 runs, 2 rows" in result.stdout
 
 
 def test_benchmark_workers_0_only_prints_the_commands(tmp_path):
-    result = run_module("cleanrl_utils.benchmark", "--env-ids", "CartPole-v1", "Acrobot-v1", "--command",
-                        "uv run python cleanrl/ppo.py --total-timesteps 5000", "--num-seeds", "2", "--workers", "0", cwd=tmp_path)
+    result = run_module(
+        "cleanrl_utils.benchmark",
+        "--env-ids",
+        "CartPole-v1",
+        "Acrobot-v1",
+        "--command",
+        "uv run python cleanrl/ppo.py --total-timesteps 5000",
+        "--num-seeds",
+        "2",
+        "--workers",
+        "0",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         f"uv run python cleanrl/ppo.py --total-timesteps 5000 --env-id {env_id} --seed {seed}"
-        for env_id in ("CartPole-v1", "Acrobot-v1") for seed in (1, 2)
+        for env_id in ("CartPole-v1", "Acrobot-v1")
+        for seed in (1, 2)
     ]
     assert run_dirs(tmp_path) == []
 
@@ -120,8 +156,11 @@ def test_benchmark_workers_0_only_prints_the_commands(tmp_path):
 def test_benchmark_pool_runs_commands_at_once_and_reports_failures(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     command = f"{PY} {shlex.quote(str(ECHO))} --x 5 --sleep 1"
-    result = call_main(benchmark.main, ["--env-ids", "CartPole-v1", "--command", command, "--num-seeds", "2",
-                                        "--workers", "2", "--output", "table"], capsys)
+    result = call_main(
+        benchmark.main,
+        ["--env-ids", "CartPole-v1", "--command", command, "--num-seeds", "2", "--workers", "2", "--output", "table"],
+        capsys,
+    )
     assert result.returncode == 0, result.stderr
     spans = [json.loads((d / "args.json").read_text()) for d in run_dirs(tmp_path)]
     assert len(spans) == 2
@@ -129,8 +168,11 @@ def test_benchmark_pool_runs_commands_at_once_and_reports_failures(tmp_path, mon
     # flag_echo's return is x + seed: 6 and 7, so 6.50 +- 0.50 across the two seeds.
     assert "| flag_echo.py | CartPole-v1 | 30 | 1 2 | 6.50 +- 0.50 |" in (tmp_path / "table.md").read_text()
 
-    result = call_main(benchmark.main, ["--env-ids", "Acrobot-v1", "--command", f"{PY} {shlex.quote(str(ECHO))} --fail",
-                                        "--num-seeds", "1"], capsys)
+    result = call_main(
+        benchmark.main,
+        ["--env-ids", "Acrobot-v1", "--command", f"{PY} {shlex.quote(str(ECHO))} --fail", "--num-seeds", "1"],
+        capsys,
+    )
     assert result.returncode == 1
     assert "FAILED (Acrobot-v1 seed 1, exit code 3)" in result.stderr and "asked to fail" in result.stderr
 
@@ -149,17 +191,38 @@ def test_slurm_template_renders_a_job_array(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(benchmark.shutil, "which", lambda name: None)  # as on a machine without SLURM
     (tmp_path / "template").write_text(SLURM_TEMPLATE)
-    result = call_main(benchmark.main, ["--env-ids", "CartPole-v1", "Acrobot-v1", "--command", "echo cleanrl/ppo.py --lr 'a b'",
-                                        "--num-seeds", "2", "--slurm-template", "template", "--slurm-script", "job.sbatch"], capsys)
+    result = call_main(
+        benchmark.main,
+        [
+            "--env-ids",
+            "CartPole-v1",
+            "Acrobot-v1",
+            "--command",
+            "echo cleanrl/ppo.py --lr 'a b'",
+            "--num-seeds",
+            "2",
+            "--slurm-template",
+            "template",
+            "--slurm-script",
+            "job.sbatch",
+        ],
+        capsys,
+    )
     assert result.returncode == 0, result.stderr
     script = (tmp_path / "job.sbatch").read_text()
     assert "#SBATCH --array=0-3\n" in script and "#SBATCH --job-name=ppo\n" in script
-    commands = [f"echo cleanrl/ppo.py --lr 'a b' --env-id {env_id} --seed {seed}" for env_id in ("CartPole-v1", "Acrobot-v1") for seed in (1, 2)]
+    commands = [
+        f"echo cleanrl/ppo.py --lr 'a b' --env-id {env_id} --seed {seed}"
+        for env_id in ("CartPole-v1", "Acrobot-v1")
+        for seed in (1, 2)
+    ]
     for command in commands:
         assert shlex.quote(command) in script
     assert subprocess.run(["bash", "-n", "job.sbatch"], capture_output=True).returncode == 0
     # Array task 2 runs the third command, and only it.
-    task = subprocess.run(["bash", "job.sbatch"], env={**script_env(), "SLURM_ARRAY_TASK_ID": "2"}, capture_output=True, text=True)
+    task = subprocess.run(
+        ["bash", "job.sbatch"], env={**script_env(), "SLURM_ARRAY_TASK_ID": "2"}, capture_output=True, text=True
+    )
     assert task.stdout == "cleanrl/ppo.py --lr a b --env-id Acrobot-v1 --seed 1\n", task.stderr
     assert "sbatch job.sbatch" in result.stdout and "cleanrl_utils.results runs/CartPole-v1__ppo__*" in result.stdout
     assert run_dirs(tmp_path) == []
@@ -197,24 +260,43 @@ def test_plot_aggregates_match_hand_computed_numbers():
     # Interpolation onto the grid that every seed covers; two values at one step are averaged.
     grid = plot.common_grid([np.array([0.0, 100.0]), np.array([10.0, 90.0])], 5)
     assert grid.tolist() == [10.0, 30.0, 50.0, 70.0, 90.0]
-    assert plot.interpolate(np.array([0, 10, 10, 20]), np.array([0.0, 2.0, 4.0, 6.0]), np.array([5.0, 15.0])).tolist() == [1.5, 4.5]
+    assert plot.interpolate(
+        np.array([0, 10, 10, 20]), np.array([0.0, 2.0, 4.0, 6.0]), np.array([5.0, 15.0])
+    ).tolist() == [1.5, 4.5]
 
 
 def test_results_scores_an_environment_on_its_last_n_episodes(tmp_path, capsys):
     # Pendulum: 20 episodes, the first 15 of the warm-up; CartPole keeps the default window of 100.
-    pendulum = [fake_run(tmp_path, "Pendulum-v1", "sac", seed, [(200 * i, -1200.0 if i < 15 else -150.0 - seed)
-                                                                 for i in range(1, 21)]) for seed in (1, 2)]
+    pendulum = [
+        fake_run(
+            tmp_path,
+            "Pendulum-v1",
+            "sac",
+            seed,
+            [(200 * i, -1200.0 if i < 15 else -150.0 - seed) for i in range(1, 21)],
+        )
+        for seed in (1, 2)
+    ]
     cartpole = fake_run(tmp_path, "CartPole-v1", "sac", 1, [(i, float(i)) for i in range(1, 151)])
-    result = call_main(results.main, [*map(str, pendulum), str(cartpole), "--last-episodes", "Pendulum-v1=5",
-                                      "--output", str(tmp_path / "table")], capsys)
+    result = call_main(
+        results.main,
+        [*map(str, pendulum), str(cartpole), "--last-episodes", "Pendulum-v1=5", "--output", str(tmp_path / "table")],
+        capsys,
+    )
     assert result.returncode == 0, result.stderr
     with open(tmp_path / "table.csv") as f:
         rows = {row["environment"]: row for row in csv.DictReader(f)}
     assert rows["Pendulum-v1"]["return"] == "-151.50 +- 0.50" and rows["Pendulum-v1"]["scored episodes"] == "last 5"
     assert rows["CartPole-v1"]["return"] == f"{np.mean(range(51, 151)):.2f} +- 0.00"  # episodes 51-150
     assert rows["CartPole-v1"]["scored episodes"] == "last 100"
-    bad = call_main(results.main, [str(cartpole), "--last-episodes", "Pendulum-v1=none", "--output", str(tmp_path / "t")], capsys)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: --last-episodes takes a positive count or ENV_ID=COUNT, got 'Pendulum-v1=none'"
+    bad = call_main(
+        results.main, [str(cartpole), "--last-episodes", "Pendulum-v1=none", "--output", str(tmp_path / "t")], capsys
+    )
+    assert (
+        bad.returncode == 2
+        and bad.stderr.strip()
+        == "error: --last-episodes takes a positive count or ENV_ID=COUNT, got 'Pendulum-v1=none'"
+    )
 
 
 def test_run_directories_are_found_below_a_parent_but_not_inside_a_run(tmp_path):
@@ -232,8 +314,18 @@ def test_plot_writes_png_of_real_runs_with_several_algorithms(ppo_runs, tmp_path
     # A second "algorithm" on CartPole beside the real ppo runs, to share the figure.
     for seed in (1, 2):
         fake_run(cwd / "other_runs", "CartPole-v1", "baseline", seed, [(0, 10.0), (512, 20.0 + seed), (1024, 30.0)])
-    result = run_module("cleanrl_utils.plot", "runs", "other_runs", "--band", "iqm", "--smoothing", "0.3",
-                        "--output", str(tmp_path / "curves.png"), cwd=cwd)
+    result = run_module(
+        "cleanrl_utils.plot",
+        "runs",
+        "other_runs",
+        "--band",
+        "iqm",
+        "--smoothing",
+        "0.3",
+        "--output",
+        str(tmp_path / "curves.png"),
+        cwd=cwd,
+    )
     assert result.returncode == 0, result.stderr
     image = __import__("matplotlib.image", fromlist=["imread"]).imread(tmp_path / "curves.png")
     assert image.shape[0] > 300 and image.shape[1] > 600
@@ -256,9 +348,17 @@ def test_plot_writes_png_of_real_runs_with_several_algorithms(ppo_runs, tmp_path
 
 def test_tuner_passes_every_suggested_flag_the_first_included(tmp_path):
     assert tuner.to_flags({"learning_rate": 0.1, "--anneal-lr": False, "cuda": True, "x": -1}) == [
-        "--learning-rate=0.1", "--no-anneal-lr", "--cuda", "--x=-1"]
+        "--learning-rate=0.1",
+        "--no-anneal-lr",
+        "--cuda",
+        "--x=-1",
+    ]
     study = tuner.Tuner(
-        script=ECHO, target_scores={"CartPole-v1": [1.0, 2.0]}, storage=None, study_name="flags", workdir=tmp_path,
+        script=ECHO,
+        target_scores={"CartPole-v1": [1.0, 2.0]},
+        storage=None,
+        study_name="flags",
+        workdir=tmp_path,
         params_fn=lambda trial: {"x": trial.suggest_float("x", 0, 1), "y": trial.suggest_int("y", 1, 3)},
     ).tune(num_trials=1, num_seeds=1)
     (trial,) = study.trials
@@ -271,17 +371,28 @@ def test_tuner_passes_every_suggested_flag_the_first_included(tmp_path):
 
 def test_tuner_study_of_ppo_completes(tmp_path):
     study = tuner.Tuner(
-        script=ROOT / "cleanrl" / "ppo.py", target_scores={"CartPole-v1": [0, 500]},
-        params_fn=lambda trial: {"learning-rate": trial.suggest_float("learning-rate", 1e-4, 1e-2, log=True),
-                                 "update-epochs": trial.suggest_categorical("update-epochs", [1, 2]), **PPO_TINY_PARAMS},
-        metric_last_n_average_window=20, storage=f"sqlite:///{tmp_path / 'ppo.db'}", study_name="ppo", workdir=tmp_path,
-        sampler=__import__("optuna").samplers.RandomSampler(seed=0), pruner=__import__("optuna").pruners.NopPruner(),
+        script=ROOT / "cleanrl" / "ppo.py",
+        target_scores={"CartPole-v1": [0, 500]},
+        params_fn=lambda trial: {
+            "learning-rate": trial.suggest_float("learning-rate", 1e-4, 1e-2, log=True),
+            "update-epochs": trial.suggest_categorical("update-epochs", [1, 2]),
+            **PPO_TINY_PARAMS,
+        },
+        metric_last_n_average_window=20,
+        storage=f"sqlite:///{tmp_path / 'ppo.db'}",
+        study_name="ppo",
+        workdir=tmp_path,
+        sampler=__import__("optuna").samplers.RandomSampler(seed=0),
+        pruner=__import__("optuna").pruners.NopPruner(),
     ).tune(num_trials=3, num_seeds=1)
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
     for trial in study.trials:
         (run_dir,) = run_dirs(tmp_path / "ppo" / f"trial_{trial.number}")
         args = json.loads((run_dir / "args.json").read_text())
-        assert args["learning_rate"] == trial.params["learning-rate"] and args["update_epochs"] == trial.params["update-epochs"]
+        assert (
+            args["learning_rate"] == trial.params["learning-rate"]
+            and args["update_epochs"] == trial.params["update-epochs"]
+        )
         returns = [v for _, v in read_scalars(run_dir)["charts/episodic_return"]][-20:]
         assert trial.value == pytest.approx(np.mean(returns) / 500)
 
@@ -295,8 +406,12 @@ def test_tuner_prunes_on_intermediate_scores(tmp_path):
     queued.enqueue_trial({"x": 0.1})
     queued.enqueue_trial({"x": 0.9})
     study = tuner.Tuner(
-        script=ECHO, target_scores={"CartPole-v1": None, "Acrobot-v1": None}, storage=storage, study_name="prune",
-        workdir=tmp_path, params_fn=lambda trial: {"x": trial.suggest_float("x", 0, 1)},
+        script=ECHO,
+        target_scores={"CartPole-v1": None, "Acrobot-v1": None},
+        storage=storage,
+        study_name="prune",
+        workdir=tmp_path,
+        params_fn=lambda trial: {"x": trial.suggest_float("x", 0, 1)},
         pruner=optuna.pruners.ThresholdPruner(lower=1.5),
     ).tune(num_trials=2, num_seeds=1)
     low, high = study.trials
@@ -308,11 +423,31 @@ def test_tuner_prunes_on_intermediate_scores(tmp_path):
 
 
 def test_two_tuner_processes_share_one_sqlite_study(tmp_path):
-    command = [sys.executable, "-m", "cleanrl_utils.tuner", "--script", str(ECHO), "--target-scores", "CartPole-v1=0,2",
-               "--param", "x=uniform:0,1", "--num-trials", "2", "--storage", f"sqlite:///{tmp_path / 'shared.db'}",
-               "--study-name", "shared", "--workdir", str(tmp_path / "tuning")]
-    processes = [subprocess.Popen(command, cwd=tmp_path, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(2)]
+    command = [
+        sys.executable,
+        "-m",
+        "cleanrl_utils.tuner",
+        "--script",
+        str(ECHO),
+        "--target-scores",
+        "CartPole-v1=0,2",
+        "--param",
+        "x=uniform:0,1",
+        "--num-trials",
+        "2",
+        "--storage",
+        f"sqlite:///{tmp_path / 'shared.db'}",
+        "--study-name",
+        "shared",
+        "--workdir",
+        str(tmp_path / "tuning"),
+    ]
+    processes = [
+        subprocess.Popen(
+            command, cwd=tmp_path, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outputs = [process.communicate(timeout=120) for process in processes]
     for process, (out, err) in zip(processes, outputs):
         assert process.returncode == 0, err
@@ -322,7 +457,12 @@ def test_two_tuner_processes_share_one_sqlite_study(tmp_path):
     study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'shared.db'}")
     assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]
     assert all(t.state.name == "COMPLETE" for t in study.trials)
-    assert sorted(p.name for p in (tmp_path / "tuning" / "shared").iterdir()) == ["trial_0", "trial_1", "trial_2", "trial_3"]
+    assert sorted(p.name for p in (tmp_path / "tuning" / "shared").iterdir()) == [
+        "trial_0",
+        "trial_1",
+        "trial_2",
+        "trial_3",
+    ]
 
 
 # ---------------------------------------------------------------------------- evaluate
@@ -341,7 +481,11 @@ def test_evaluate_reloads_a_ppo_model_and_captures_video(ppo_runs, tmp_path, cap
 
     monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
     model = run_dir / "ppo.cleanrl_model"
-    result = call_main(evaluate.main, [str(model), "--episodes", "1", "--capture-video", "--video-dir", str(tmp_path / "videos")], capsys)
+    result = call_main(
+        evaluate.main,
+        [str(model), "--episodes", "1", "--capture-video", "--video-dir", str(tmp_path / "videos")],
+        capsys,
+    )
     assert result.returncode == 0, result.stderr
     assert list((tmp_path / "videos").glob("*.mp4")), "no video in the given folder"
     result = call_main(evaluate.main, [str(run_dir), "--episodes", "1", "--capture-video"], capsys)
@@ -351,8 +495,21 @@ def test_evaluate_reloads_a_ppo_model_and_captures_video(ppo_runs, tmp_path, cap
 
 @pytest.mark.skipif(not (ROOT / "cleanrl" / "dqn.py").exists(), reason="cleanrl/dqn.py does not exist yet")
 def test_evaluate_reloads_a_dqn_model(workdir, capsys):
-    result = run_script("dqn.py", "--total-timesteps", "300", "--learning-starts", "100", "--buffer-size", "500",
-                        "--batch-size", "16", "--save-model", "--eval-episodes", "1", cwd=workdir)
+    result = run_script(
+        "dqn.py",
+        "--total-timesteps",
+        "300",
+        "--learning-starts",
+        "100",
+        "--buffer-size",
+        "500",
+        "--batch-size",
+        "16",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     result = call_main(evaluate.main, [str(run_dir), "--episodes", "2", "--no-cuda"], capsys)
@@ -378,33 +535,71 @@ def test_bad_input_is_one_line_without_traceback(tmp_path, capsys, monkeypatch):
 
     # The entry points themselves, in subprocesses.
     assert_bad_input(run_module("cleanrl_utils.plot", str(empty), cwd=cwd), cwd, "no TensorBoard events")
-    assert_bad_input(run_module("cleanrl_utils.evaluate", str(inputs / "text.cleanrl_model"), cwd=cwd), cwd,
-                     "not a cleanrl saved model")
+    assert_bad_input(
+        run_module("cleanrl_utils.evaluate", str(inputs / "text.cleanrl_model"), cwd=cwd),
+        cwd,
+        "not a cleanrl saved model",
+    )
 
     cases = [
-        (plot.main, [str(run_dir), "--metric", "charts/nope"], ["no run has the metric 'charts/nope'", "known: charts/episodic_return"]),
+        (
+            plot.main,
+            [str(run_dir), "--metric", "charts/nope"],
+            ["no run has the metric 'charts/nope'", "known: charts/episodic_return"],
+        ),
         (plot.main, [str(inputs / "missing")], ["no such directory"]),
         (evaluate.main, [str(run_dir)], ["no *.cleanrl_model file"]),
         (evaluate.main, [str(checkpoint_file)], ["a training checkpoint, not a saved model"]),
         (evaluate.main, [str(unknown_script)], ["saved by mystery.py", "no ", "cleanrl/mystery.py"]),
         (evaluate.main, [str(unknown_script), "--episodes", "0"], ["--episodes must be positive"]),
-        (benchmark.main, ["--env-ids", "CartPole-v1", "--command", "python x.py", "--slurm-template", str(inputs / "none")], ["no such file"]),
-        (benchmark.main, ["--env-ids", "CartPole-v1", "--command", "python x.py", "--num-seeds", "0"], ["--num-seeds must be positive"]),
+        (
+            benchmark.main,
+            ["--env-ids", "CartPole-v1", "--command", "python x.py", "--slurm-template", str(inputs / "none")],
+            ["no such file"],
+        ),
+        (
+            benchmark.main,
+            ["--env-ids", "CartPole-v1", "--command", "python x.py", "--num-seeds", "0"],
+            ["--num-seeds must be positive"],
+        ),
     ]
     (inputs / "template").write_text("#SBATCH --array={{array}}\n{{commands}}\n{{partition}}\n")
-    cases.append((benchmark.main, ["--env-ids", "CartPole-v1", "--command", "python x.py", "--slurm-template", str(inputs / "template")],
-                  ["unknown placeholder {{partition}}"]))
-    cases.append((tuner.main, ["--script", str(inputs / "nope.py"), "--target-scores", "CartPole-v1", "--study-name", "s"], ["no such file"]))
-    cases.append((tuner.main, ["--script", str(ECHO), "--target-scores", "CartPole-v1", "--study-name", "s", "--param", "x=normal:0"],
-                  ["--param 'x=normal:0'"]))
+    cases.append(
+        (
+            benchmark.main,
+            ["--env-ids", "CartPole-v1", "--command", "python x.py", "--slurm-template", str(inputs / "template")],
+            ["unknown placeholder {{partition}}"],
+        )
+    )
+    cases.append(
+        (
+            tuner.main,
+            ["--script", str(inputs / "nope.py"), "--target-scores", "CartPole-v1", "--study-name", "s"],
+            ["no such file"],
+        )
+    )
+    cases.append(
+        (
+            tuner.main,
+            ["--script", str(ECHO), "--target-scores", "CartPole-v1", "--study-name", "s", "--param", "x=normal:0"],
+            ["--param 'x=normal:0'"],
+        )
+    )
     monkeypatch.chdir(cwd)
     for main, argv, fragments in cases:
         assert_bad_input(call_main(main, argv, capsys), cwd, *fragments)
 
 
 def test_tuner_unknown_metric_stops_the_study_in_one_line(tmp_path, capsys):
-    study_tuner = tuner.Tuner(script=ECHO, target_scores={"CartPole-v1": None}, params_fn=lambda trial: {"x": trial.suggest_float("x", 0, 1)},
-                              metric="charts/nope", storage=f"sqlite:///{tmp_path / 'm.db'}", study_name="m", workdir=tmp_path / "tuning")
+    study_tuner = tuner.Tuner(
+        script=ECHO,
+        target_scores={"CartPole-v1": None},
+        params_fn=lambda trial: {"x": trial.suggest_float("x", 0, 1)},
+        metric="charts/nope",
+        storage=f"sqlite:///{tmp_path / 'm.db'}",
+        study_name="m",
+        workdir=tmp_path / "tuning",
+    )
     result = call_main(lambda argv: study_tuner.tune(num_trials=3, num_seeds=1), [], capsys)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]

@@ -105,10 +105,18 @@ def test_results_table_matches_hand_computed_numbers(tmp_path):
     a = make_run(tmp_path, "CartPole-v1", 1, [0.0] * 50 + [2.0] * 100)
     b = make_run(tmp_path, "CartPole-v1", 2, [4.0] * 150)
     rows = results.aggregate([results.summarize_run(a), results.summarize_run(b)])
-    assert rows == [{
-        "script": "ppo.py", "environment": "CartPole-v1", "steps": 1500, "seeds": "1 2",
-        "return": "3.00 +- 1.00", "scored episodes": "last 100", "wall time (s)": "149", "SPS": "10",
-    }]
+    assert rows == [
+        {
+            "script": "ppo.py",
+            "environment": "CartPole-v1",
+            "steps": 1500,
+            "seeds": "1 2",
+            "return": "3.00 +- 1.00",
+            "scored episodes": "last 100",
+            "wall time (s)": "149",
+            "SPS": "10",
+        }
+    ]
     results.write_tables(rows, tmp_path / "out" / "ppo", "test machine")
     assert "| ppo.py | CartPole-v1 | 1500 | 1 2 | 3.00 +- 1.00 |" in (tmp_path / "out" / "ppo.md").read_text()
     assert (tmp_path / "out" / "ppo.csv").read_text().splitlines()[0].startswith("script,environment")
@@ -137,10 +145,13 @@ def test_env_snapshot_continues_exactly_across_resets(env_id, action_shape):
     def make_vec():
         fns = [lambda: gym.make(env_id, disable_env_checker=True)] * 2
         return gym.wrappers.vector.RecordEpisodeStatistics(
-            gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+            gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        )
 
     rng = np.random.default_rng(0)
-    sample = (lambda: rng.integers(0, 2, 2)) if action_shape is None else (lambda: rng.uniform(-1, 1, (2, *action_shape)))
+    sample = (
+        (lambda: rng.integers(0, 2, 2)) if action_shape is None else (lambda: rng.uniform(-1, 1, (2, *action_shape)))
+    )
     original = make_vec()
     original.reset(seed=3)
     for _ in range(120):
