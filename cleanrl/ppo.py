@@ -1,26 +1,21 @@
 """Proximal Policy Optimization (PPO) for discrete actions.
 
 Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (https://arxiv.org/abs/1707.06347),
-with the implementation details of Huang et al. 2022, "The 37 Implementation Details of PPO":
-GAE, clipped surrogate, optional value clipping, advantage normalisation, learning-rate
-annealing, entropy bonus, global gradient clipping and an optional early stop on a target KL.
+with the details of Huang et al. 2022, "The 37 Implementation Details of PPO": GAE, clipped
+surrogate, optional value clipping, advantage normalisation, learning-rate annealing, entropy
+bonus, global gradient clipping and an optional early stop on a target KL.
 
 Action space: Discrete. Observations: a flat Box. Environments: vectorised gymnasium
-environments (classic control: CartPole-v1, Acrobot-v1, MountainCar-v0 ...).
+(CartPole-v1, Acrobot-v1, MountainCar-v0 ...). A time-limit truncation is bootstrapped with the
+value of the true final observation; only a termination cuts the return.
 
     uv run python cleanrl/ppo.py --env-id CartPole-v1
 
-Expect CartPole-v1 to reach ~500 within 500k steps and Acrobot-v1 about -85.
-
-Environments reset in the same step an episode ends (gymnasium's SAME_STEP autoreset); a
-time-limit truncation is bootstrapped with the value of the true final observation, and only
-a termination cuts the return. Classic-control simulators are pickled into checkpoints, so a
-resumed run on the CPU continues exactly as the uninterrupted one would.
+Expect CartPole-v1 to reach ~500 within 500k steps and Acrobot-v1 about -85
+(benchmark/results/ppo.md).
 """
 
 import os
-import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,19 +25,8 @@ import torch
 import torch.nn as nn
 import tyro
 
-from cleanrl_utils.checkpoint import (
-    CHECKPOINT_NAME,
-    StopSignal,
-    load_checkpoint,
-    load_model,
-    restore_envs,
-    restore_rng_state,
-    save_checkpoint,
-    save_model,
-    snapshot_envs,
-)
+from cleanrl_utils.checkpoint import load_model, restore_envs, snapshot_envs
 from cleanrl_utils.errors import check_env_id, check_positive, fail
-from cleanrl_utils.progress import Progress
 from cleanrl_utils.run import Run
 
 
@@ -282,7 +266,7 @@ def evaluate(
     video_dir: Path | None = None,
 ) -> list[float]:
     """Reload a model saved by this script and return the episodic returns of the policy."""
-    model = load_model(model_path, "ppo")
+    model = load_model(model_path, __file__)
     envs = make_envs(model["env_id"], 1, capture_video, video_dir)
     agent = Agent(model["obs_dim"], model["n_actions"]).to(device)
     agent.load_state_dict(model["agent"])
@@ -301,23 +285,8 @@ def evaluate(
 if __name__ == "__main__":
     args = tyro.cli(Args)
     validate(args)
-    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
-    stop = StopSignal()  # from here on, SIGTERM/SIGINT lead to a checkpoint and a clean exit
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.torch_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    run = Run(
-        args,
-        run_dir=Path(args.resume).parent if checkpoint else None,
-        purge_step=checkpoint["global_step"] + 1 if checkpoint else None,
-        wandb_id=checkpoint["wandb_id"] if checkpoint else None,
-    )
-    writer = run.writer
+    run = Run(args, __file__)  # seeds, picks the device, checks --resume, makes the run directory
+    device = run.device
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.dir / "videos")
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     n_actions = int(envs.single_action_space.n)
@@ -326,52 +295,34 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     storage = RolloutStorage(args.num_steps, args.num_envs, obs_dim, device)
 
-    global_step, start_iteration = 0, 1
+    global_step, iteration = 0, 0
     next_obs_np, _ = envs.reset(seed=args.seed)
     envs.action_space.seed(args.seed)
-    if checkpoint:
-        agent.load_state_dict(checkpoint["agent"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        envs = restore_envs(envs, checkpoint["envs"])
-        if checkpoint["envs"] is None:
-            print(
-                "the environments could not be saved with the checkpoint (video recording?): resuming with fresh ones"
-            )
-        else:
-            next_obs_np = checkpoint["next_obs"]
-        restore_rng_state(checkpoint["rng"])
-        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
+    if run.checkpoint:
+        agent.load_state_dict(run.checkpoint["agent"])
+        optimizer.load_state_dict(run.checkpoint["optimizer"])
+        envs, next_obs_np = restore_envs(envs, run.checkpoint["envs"], next_obs_np)
+        global_step, iteration = run.checkpoint["global_step"], run.checkpoint["iteration"]
     next_obs = torch.tensor(next_obs_np, dtype=torch.float32, device=device).view(args.num_envs, obs_dim)
 
-    def write_checkpoint(iteration: int) -> Path:
-        writer.flush()  # events before the checkpoint must be on disk: a resumed run purges the later ones
-        path = run.dir / CHECKPOINT_NAME
-        save_checkpoint(
-            path,
-            args,
-            global_step=global_step,
-            iteration=iteration,
+    def training_state() -> dict:
+        """What a checkpoint holds; resuming reads back each of these."""
+        return dict(
             agent=agent.state_dict(),
             optimizer=optimizer.state_dict(),
-            envs=snapshot_envs(envs),
-            next_obs=next_obs.cpu().numpy(),
-            wandb_id=run.wandb_id,
+            envs=snapshot_envs(envs, next_obs_np),
+            global_step=global_step,
+            iteration=iteration,
         )
-        return path
 
-    progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (
-        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
-    )
-    start_time, start_step = time.time(), global_step
-
-    for iteration in range(start_iteration, args.num_iterations + 1):
+    run.begin(training_state)
+    while iteration < args.num_iterations:
+        iteration += 1
         if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
 
-        # Rollout: one host-to-device copy of the observations and one device-to-host copy of
-        # the actions per step; everything else is staged and moved once per rollout.
+        # 1. Collect a rollout: one host-to-device copy of the observations and one device-to-host
+        # copy of the actions per step; rewards and episode ends are moved once per rollout.
         with torch.no_grad():
             for step in range(args.num_steps):
                 global_step += args.num_envs
@@ -386,19 +337,11 @@ if __name__ == "__main__":
                 # Bootstrapping needs the true final observation only where the time limit cut an episode.
                 bootstrap_final = truncated & ~terminated
                 if bootstrap_final.any():
-                    storage.final_obs[step, bootstrap_final] = np.stack(infos["final_obs"][bootstrap_final]).reshape(
-                        -1, obs_dim
-                    )
-                if "episode" in infos:
-                    finished = infos["_episode"]
-                    for episodic_return, episodic_length in zip(
-                        infos["episode"]["r"][finished], infos["episode"]["l"][finished]
-                    ):
-                        writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                        writer.add_scalar("charts/episodic_length", episodic_length, global_step)
-                    progress.add_returns(infos["episode"]["r"][finished])
+                    final_obs = np.stack(infos["final_obs"][bootstrap_final])
+                    storage.final_obs[step, bootstrap_final] = final_obs.reshape(-1, obs_dim)
+                run.log_episodes(global_step, infos)
 
-            # Values and log-probabilities of the whole rollout in batched passes.
+            # 2. Advantages: values and log-probabilities of the whole rollout in batched passes.
             rewards = storage.to_device(storage.rewards)
             terminations = storage.to_device(storage.terminations)
             truncations = storage.to_device(storage.truncations)
@@ -421,7 +364,7 @@ if __name__ == "__main__":
             b_returns = returns.reshape(-1)
             b_values = values.reshape(-1)
 
-        # Optimise the policy and value network
+        # 3. Update the policy and value network
         clipped = torch.zeros((), device=device)
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(args.batch_size, device=device)
@@ -451,10 +394,8 @@ if __name__ == "__main__":
                 # Value loss
                 if args.clip_vloss:
                     v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                    v_clipped = b_values[mb_inds] + torch.clamp(
-                        newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
-                    )
-                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                    v_delta = torch.clamp(newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef)
+                    v_loss_clipped = (b_values[mb_inds] + v_delta - b_returns[mb_inds]) ** 2
                     v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                 else:
                     v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
@@ -471,65 +412,23 @@ if __name__ == "__main__":
             if args.target_kl is not None and approx_kl.item() > args.target_kl:
                 break
 
-        # Logging: one device-to-host read per iteration.
-        with torch.no_grad():
-            var_y = b_returns.var()
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var() / var_y)
-            stats = torch.stack(
-                [
-                    v_loss,
-                    pg_loss,
-                    entropy_loss,
-                    old_approx_kl,
-                    approx_kl,
-                    clipped / (args.num_minibatches * (epoch + 1)),
-                    explained_var,
-                ]
-            ).tolist()
-        for name, value in zip(
-            ["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"],
-            stats,
-        ):
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
-        progress.update(global_step)
+        # 4. Log (one device-to-host read per iteration) and checkpoint when due
+        var_y = b_returns.var()
+        explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var() / var_y)
+        run.log(
+            global_step,
+            {
+                "losses/value_loss": v_loss,
+                "losses/policy_loss": pg_loss,
+                "losses/entropy": entropy_loss,
+                "losses/old_approx_kl": old_approx_kl,
+                "losses/approx_kl": approx_kl,
+                "losses/clipfrac": clipped / (args.num_minibatches * (epoch + 1)),
+                "losses/explained_variance": explained_var,
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            },
+        )
+        run.end_iteration(global_step)
 
-        for name, value in zip(["value_loss", "policy_loss", "entropy"], stats):
-            if not np.isfinite(value):
-                path = write_checkpoint(iteration)
-                fail(
-                    f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}"
-                )
-        if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
-            path = write_checkpoint(iteration)
-            if next_checkpoint is not None:
-                next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every
-            if stop:
-                print(f"\n{stop.received}: checkpoint written to {path}; continue with --resume {path}", flush=True)
-                envs.close()
-                run.close()
-                raise SystemExit(0)
-
-    progress.close(global_step)
     envs.close()
-
-    if args.save_model:
-        model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(model_path, args, agent=agent.state_dict(), obs_dim=obs_dim, n_actions=n_actions)
-        print(f"model saved to {model_path}")
-        episodic_returns = evaluate(
-            model_path,
-            args.eval_episodes,
-            device,
-            seed=args.seed + 1_000,
-            capture_video=args.capture_video,
-            video_dir=run.dir / "videos" / "eval",
-        )
-        for idx, episodic_return in enumerate(episodic_returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(
-            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
-        )
-
-    run.close()
+    run.finish(global_step, evaluate, agent=agent.state_dict(), obs_dim=obs_dim, n_actions=n_actions)

@@ -20,9 +20,10 @@ import torch
 
 from cleanrl_utils.errors import fail
 
-CHECKPOINT_FORMAT = "cleanrl-checkpoint-v1"
-MODEL_FORMAT = "cleanrl-model-v1"
+CHECKPOINT_FORMAT = "cleanrl-checkpoint-v2"
+MODEL_FORMAT = "cleanrl-model-v2"
 CHECKPOINT_NAME = "checkpoint.pt"
+MODEL_SUFFIX = ".cleanrl_model"
 
 # Arguments that may differ between a run and its resumption: they change how the run is
 # observed or stored, not what it computes.
@@ -36,6 +37,7 @@ OPERATIONAL_ARGS = {
     "save_model",
     "cuda",
     "torch_threads",
+    "eval_episodes",
 }
 
 
@@ -106,9 +108,10 @@ def _set_mujoco_state(env, saved) -> None:
     base.np_random.bit_generator.state = rng_state
 
 
-def snapshot_envs(envs) -> dict | None:
-    """Capture a gymnasium vector env with its simulator state, or return None where it cannot
-    be captured (a video recorder, a simulator handle that does not pickle).
+def snapshot_envs(envs, next_obs=None) -> dict | None:
+    """Capture a gymnasium vector env with its simulator state and the observation the policy
+    acts on next, or return None where it cannot be captured (a video recorder, a simulator
+    handle that does not pickle).
 
     Wrappers (time limits, episode statistics, autoreset flags) and classic-control simulators
     are pickled whole; MuJoCo simulators are saved with mj_getState. The env factories are left
@@ -118,18 +121,25 @@ def snapshot_envs(envs) -> dict | None:
     try:
         if env_fns is not None:
             base.env_fns = None
-        return {"pickle": pickle.dumps(envs), "mujoco": [_mujoco_state(env) for env in _sub_envs(envs)]}
+        pickled = pickle.dumps(envs)
+        mujoco_states = [_mujoco_state(env) for env in _sub_envs(envs)]
     except (pickle.PicklingError, TypeError, AttributeError, ValueError):
         return None
     finally:
         if env_fns is not None:
             base.env_fns = env_fns
+    if isinstance(next_obs, torch.Tensor):
+        next_obs = next_obs.cpu()
+    return {"pickle": pickled, "mujoco": mujoco_states, "next_obs": next_obs}
 
 
-def restore_envs(envs, snapshot: dict | None):
-    """Replace freshly made `envs` by the snapshot taken at checkpoint time (None: keep them)."""
+def restore_envs(envs, snapshot: dict | None, next_obs=None):
+    """(envs, next_obs) as at checkpoint time, replacing the freshly made `envs`; where the
+    snapshot is None (the environments could not be saved), say so and keep `envs` and their
+    fresh `next_obs`."""
     if snapshot is None:
-        return envs
+        print("the environments could not be saved with the checkpoint: resuming with freshly reset ones", flush=True)
+        return envs, next_obs
     restored = pickle.loads(snapshot["pickle"])
     for env, saved in zip(_sub_envs(restored), snapshot["mujoco"]):
         if saved is not None:
@@ -137,13 +147,18 @@ def restore_envs(envs, snapshot: dict | None):
     if hasattr(envs.unwrapped, "env_fns"):
         restored.unwrapped.env_fns = envs.unwrapped.env_fns
     envs.close()
-    return restored
+    saved_obs = snapshot["next_obs"]
+    if isinstance(next_obs, torch.Tensor) and isinstance(saved_obs, torch.Tensor):
+        saved_obs = saved_obs.to(next_obs.device)
+    return restored, saved_obs
 
 
-def save_checkpoint(path: str | os.PathLike, args, **state) -> None:
+def save_checkpoint(path: str | os.PathLike, args, script: str, **state) -> None:
+    """Write `state` with the arguments, the random number generators and the name of the
+    script that wrote it (its file's stem)."""
     payload = {
         "format": CHECKPOINT_FORMAT,
-        "exp_name": args.exp_name,
+        "script": script,
         "env_id": args.env_id,
         "args": dataclasses.asdict(args),
         "rng": rng_state(),
@@ -161,16 +176,20 @@ def _read(path: str | os.PathLike, flag: str, expected_format: str, what: str) -
     except Exception as error:
         fail(f"{flag} {path}: not a readable {what} ({type(error).__name__})")
     if not isinstance(payload, dict) or payload.get("format") != expected_format:
+        other = "saved model" if expected_format == CHECKPOINT_FORMAT else "checkpoint"
+        if isinstance(payload, dict) and payload.get("format") in (CHECKPOINT_FORMAT, MODEL_FORMAT):
+            fail(f"{flag} {path}: a {other}, not a {what}")
         fail(f"{flag} {path}: not a cleanrl {what}")
     return payload
 
 
-def load_checkpoint(path: str | os.PathLike, args) -> dict:
-    """Read a checkpoint for `args`, failing in one line when it belongs to another script,
-    another environment, or a run with other arguments (resume with the original command)."""
+def load_checkpoint(path: str | os.PathLike, args, script: str) -> dict:
+    """Read a checkpoint for `args`, failing in one line when another script wrote it, or it
+    is for another environment, or for a run with other arguments (resume with the original
+    command)."""
     checkpoint = _read(path, "--resume", CHECKPOINT_FORMAT, "checkpoint")
-    if checkpoint["exp_name"] != args.exp_name:
-        fail(f"--resume {path}: checkpoint was written by {checkpoint['exp_name']}.py, not {args.exp_name}.py")
+    if checkpoint.get("script") != script:
+        fail(f"--resume {path}: checkpoint was written by {checkpoint.get('script')}.py, not {script}.py")
     if checkpoint["env_id"] != args.env_id:
         fail(f"--resume {path}: checkpoint is for {checkpoint['env_id']}; add --env-id {checkpoint['env_id']}")
     current = dataclasses.asdict(args)
@@ -178,15 +197,21 @@ def load_checkpoint(path: str | os.PathLike, args) -> dict:
         if key not in OPERATIONAL_ARGS and current.get(key) != value:
             flag = "--" + key.replace("_", "-")
             fail(
-                f"--resume {path}: {flag} is {current.get(key)!r} but the checkpointed run used {value!r}; resume with the original arguments"
+                f"--resume {path}: {flag} is {current.get(key)!r} but the checkpointed run used {value!r}; "
+                "resume with the original arguments"
             )
     return checkpoint
 
 
-def save_model(path: str | os.PathLike, args, **payload) -> None:
+def save_model(path: str | os.PathLike, args, script: str | os.PathLike, **payload) -> None:
+    """Write a model for evaluation: `payload` plus the arguments and the script that saved it
+    (its stem, which identifies it, and its path, where cleanrl_utils.evaluate finds it)."""
+    script = Path(script).resolve()
     save_atomic(
         {
             "format": MODEL_FORMAT,
+            "script": script.stem,
+            "script_path": str(script),
             "exp_name": args.exp_name,
             "env_id": args.env_id,
             "args": dataclasses.asdict(args),
@@ -196,10 +221,12 @@ def save_model(path: str | os.PathLike, args, **payload) -> None:
     )
 
 
-def load_model(path: str | os.PathLike, exp_name: str) -> dict:
+def load_model(path: str | os.PathLike, script: str | os.PathLike) -> dict:
+    """Read a model saved by `script` (a script passes its __file__); a model saved by another
+    script fails in one line naming it."""
     model = _read(path, "model", MODEL_FORMAT, "saved model")
-    if model["exp_name"] != exp_name:
-        fail(f"model {path} was saved by {model['exp_name']}.py, not {exp_name}.py")
+    if model.get("script") != Path(script).stem:
+        fail(f"model {path} was saved by {model.get('script')}.py, not {Path(script).stem}.py")
     return model
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from typing import NoReturn
 
@@ -34,3 +35,29 @@ def check_env_id(env_id: str) -> None:
     near = [lowered[k] for k in difflib.get_close_matches(env_id.lower(), list(lowered), n=3, cutoff=0.5)]
     hint = f"; did you mean {', '.join(near)}?" if near else "; see gymnasium.registry for the known ids"
     fail(f"unknown environment id {env_id!r}{hint}")
+
+
+def available_memory(device) -> int:
+    """Bytes that can still be allocated on `device`: free GPU memory, or the host's MemAvailable."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_fits(nbytes: int, device, what: str, flag: str) -> None:
+    """Fail before allocating `what` of `nbytes` when `device` has less memory available."""
+    free = available_memory(device)
+    if nbytes > free:
+        fail(
+            f"{flag}: the {what} needs {nbytes / 1e9:.1f} GB but {device} has {free / 1e9:.1f} GB available; lower {flag}"
+        )

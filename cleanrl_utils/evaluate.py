@@ -5,9 +5,10 @@
         --episodes 3 --capture-video --video-dir videos/ppo-cartpole --seed 7
 
 Works for the model of any script that saves one (train with --save-model): the argument is a
-run directory holding one *.cleanrl_model file, or the file itself. The file says which script
-wrote it (exp_name); that script, cleanrl/<exp_name>.py in this repository, is imported and its
-own `evaluate(model_path, eval_episodes, device, seed, capture_video, video_dir)` plays the
+run directory holding one *.cleanrl_model file, or the file itself. The file names the script
+that wrote it and where it was (a copied or renamed script too); that script is imported (from
+its recorded path, else cleanrl/<script>.py in this repository) and its own
+`evaluate(model_path, eval_episodes, device, seed, capture_video, video_dir)` plays the
 episodes, so networks and observation-normalisation statistics are restored exactly as the
 script saved them. Prints the episodic returns and their mean and std (ddof 0).
 
@@ -26,9 +27,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from cleanrl_utils.checkpoint import MODEL_SUFFIX
 from cleanrl_utils.errors import fail
 
-MODEL_SUFFIX = ".cleanrl_model"
 SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "cleanrl"
 
 
@@ -62,17 +63,23 @@ def read_model(path: Path) -> dict:
             f"{path}: a training checkpoint, not a saved model; continue training with --resume, "
             f"or evaluate the {MODEL_SUFFIX} file written with --save-model"
         )
-    if kind != MODEL_FORMAT or not isinstance(model.get("exp_name"), str):
+    if kind != MODEL_FORMAT or not isinstance(model.get("script"), str):
         fail(f"{path}: not a cleanrl saved model (no {MODEL_FORMAT!r} format marker)")
     return model
 
 
-def load_script(exp_name: str, scripts_dir: Path = SCRIPTS_DIR):
-    """Import cleanrl/<exp_name>.py as a module (its training loop is guarded by __main__)."""
-    script = scripts_dir / f"{exp_name}.py"
+def load_script(model: dict, scripts_dir: Path = SCRIPTS_DIR):
+    """Import the script that saved `model` as a module (its training loop is guarded by __main__):
+    the file it was saved from, else cleanrl/<script>.py."""
+    name = model["script"]
+    script = Path(model.get("script_path") or "")
     if not script.is_file():
-        fail(f"the model was saved by {exp_name}.py, but there is no {script}")
-    spec = importlib.util.spec_from_file_location(f"cleanrl_script_{exp_name}", script)
+        script = scripts_dir / f"{name}.py"
+    if not script.is_file():
+        fail(
+            f"the model was saved by {name}.py ({model.get('script_path')}), which is no longer there, nor is {script}"
+        )
+    spec = importlib.util.spec_from_file_location(f"cleanrl_script_{name}", script)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
@@ -96,7 +103,7 @@ def evaluate_model(
 
     model_path = find_model(Path(path))
     model = read_model(model_path)
-    module = load_script(model["exp_name"])
+    module = load_script(model)
     device = torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
     if capture_video and video_dir is None:
         video_dir = model_path.parent / "videos" / "evaluate"
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.capture_video and video_dir is None:
         video_dir = find_model(args.path).parent / "videos" / "evaluate"
     model, returns = evaluate_model(args.path, args.episodes, args.seed, args.capture_video, video_dir, args.cuda)
-    print(f"{model['exp_name']}.py on {model['env_id']}: episodic returns {', '.join(f'{r:.1f}' for r in returns)}")
+    print(f"{model['script']}.py on {model['env_id']}: episodic returns {', '.join(f'{r:.1f}' for r in returns)}")
     print(f"mean {np.mean(returns):.2f} +- std {np.std(returns):.2f} over {len(returns)} episodes")
     if args.capture_video:
         videos = sorted(Path(video_dir).glob("*.mp4"))

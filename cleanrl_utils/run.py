@@ -1,20 +1,50 @@
-"""The run directory, its TensorBoard writer and hyperparameters, and the optional W&B run.
+"""A training run's bookkeeping: everything a script does that changes nothing its agent learns.
+
+    run = Run(args, __file__)           # seed, device, --resume check, run directory, SIGTERM/SIGINT
+    ...build envs and networks; if run.checkpoint: load what training_state() saved...
+    run.begin(training_state)           # what a checkpoint holds; resumed: the RNGs are restored
+    for ...:
+        run.log_episodes(global_step, infos)             # charts/episodic_return, _length
+        run.log(global_step, {"losses/td_loss": loss})   # one host read; a non-finite loss stops the run
+        run.end_iteration(global_step)                   # checkpoint when due; SIGTERM: checkpoint, exit 0
+    run.finish(global_step, evaluate, agent=agent.state_dict(), ...)   # --save-model: save, reload, evaluate
+
+A script's identity is its file (`Run(args, __file__)`): a copy under a new name, or any
+--exp-name, saves, evaluates and resumes its own models and checkpoints, and a file saved by
+another script is refused in one line naming that script.
 
 Every run writes to runs/{env_id}__{exp_name}__{seed}__{unix_time}/: TensorBoard events,
 the hyperparameters (a Markdown table in TensorBoard's text tab and args.json), checkpoints,
-the saved model and videos.
+the saved model and videos. With --track a W&B run mirrors it (offline without a key or server).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import netrc
 import os
+import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import torch
 from torch.utils.tensorboard import SummaryWriter
+
+from cleanrl_utils.checkpoint import (
+    CHECKPOINT_NAME,
+    MODEL_SUFFIX,
+    StopSignal,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+    save_model,
+)
+from cleanrl_utils.errors import fail
+from cleanrl_utils.progress import Progress
 
 RUNS_ROOT = Path("runs")
 
@@ -30,32 +60,154 @@ def hyperparameter_table(config: dict) -> str:
     return f"|param|value|\n|-|-|\n{rows}"
 
 
-class Run:
-    """A run directory with its TensorBoard writer and, with --track, a W&B run mirroring it.
+def seed_everything(seed: int, torch_deterministic: bool) -> None:
+    """Seed python, numpy and torch (the environments and their action spaces are seeded by the script)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = torch_deterministic
 
-    `purge_step` is set when resuming: TensorBoard then drops the events a killed run wrote
-    after its last checkpoint, so the resumed curve continues without duplicates.
+
+class Run:
+    """A training run: its directory, TensorBoard writer and optional W&B run, the checkpoint it
+    resumes from, the console progress line, and the checkpoint schedule.
+
+    `script` is the training script's `__file__`; its stem names the algorithm in every saved
+    model and checkpoint. `run_dir` and `purge_step` are for tools that log a run of their own
+    (benchmark/random_policy.py); a training script passes neither.
     """
 
-    def __init__(self, args, run_dir: Path | None = None, purge_step: int | None = None, wandb_id: str | None = None):
-        self.dir = Path(run_dir) if run_dir is not None else RUNS_ROOT / make_run_name(args)
+    def __init__(self, args, script: str | os.PathLike, run_dir: Path | None = None):
+        self.args = args
+        self.script = Path(script).resolve()
+        self.checkpoint = (
+            load_checkpoint(args.resume, args, self.script.stem) if getattr(args, "resume", None) else None
+        )
+        self.stop = StopSignal()  # from here on, SIGTERM/SIGINT lead to a checkpoint and a clean exit
+        seed_everything(args.seed, getattr(args, "torch_deterministic", True))
+        if getattr(args, "torch_threads", 0):
+            torch.set_num_threads(args.torch_threads)
+        self.device = torch.device("cuda" if getattr(args, "cuda", False) and torch.cuda.is_available() else "cpu")
+
+        resumed = self.checkpoint is not None
+        self.start_step = self.checkpoint["global_step"] if resumed else 0
+        self.dir = Path(args.resume).parent if resumed else Path(run_dir or RUNS_ROOT / make_run_name(args))
         self.name = self.dir.name
         self.dir.mkdir(parents=True, exist_ok=True)
         config = dataclasses.asdict(args)
         (self.dir / "args.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
-        self.wandb_run = start_wandb(args, self.name, self.dir, wandb_id) if args.track else None
-        self.writer = SummaryWriter(str(self.dir), purge_step=purge_step)
-        if purge_step is None:
+        wandb_id = self.checkpoint.get("wandb_id") if resumed else None
+        self.wandb_run = start_wandb(args, self.name, self.dir, wandb_id) if getattr(args, "track", False) else None
+        # Resuming: TensorBoard drops the events a killed run wrote after its last checkpoint,
+        # so the resumed curve continues without duplicates.
+        self.writer = SummaryWriter(str(self.dir), purge_step=self.start_step + 1 if resumed else None)
+        if not resumed:
             self.writer.add_text("hyperparameters", hyperparameter_table(config))
+        self.progress = Progress(
+            args.total_timesteps, start_step=self.start_step, label=f"{args.env_id} {args.exp_name}"
+        )
+        self.training_state: Callable[[], dict] | None = None
+        self.next_checkpoint = None
+        self.start_time = time.time()
 
     @property
     def wandb_id(self) -> str | None:
         return self.wandb_run.id if self.wandb_run is not None else None
 
+    def begin(self, training_state: Callable[[], dict]) -> None:
+        """Start the training loop. `training_state()` returns everything a checkpoint holds
+        (networks, optimisers, buffers, environments, counters, with "global_step"); a resumed
+        run has read it back from `run.checkpoint`. Resuming, the random number generators are
+        restored here, after the set-up that drew from them. Starts the clock of charts/SPS."""
+        self.training_state = training_state
+        if self.checkpoint is not None:
+            restore_rng_state(self.checkpoint["rng"])
+        every = self.args.checkpoint_every
+        self.next_checkpoint = (self.start_step // every + 1) * every if every else None
+        self.start_time = time.time()
+
+    def write_checkpoint(self) -> Path:
+        self.writer.flush()  # events up to the checkpoint must be on disk: a resumed run purges the later ones
+        path = self.dir / CHECKPOINT_NAME
+        save_checkpoint(path, self.args, self.script.stem, wandb_id=self.wandb_id, **self.training_state())
+        return path
+
+    def log(self, step: int, scalars: dict) -> dict[str, float]:
+        """Write `scalars` (tensors or numbers) at `step` with one device-to-host read, plus
+        charts/SPS, and redraw the progress line. A non-finite value of a key naming a loss
+        writes a checkpoint and stops the run in one line. Returns the values read."""
+        names = list(scalars)
+        tensors = [v for v in scalars.values() if isinstance(v, torch.Tensor)]
+        read = iter(torch.stack([t.detach().float().reshape(()) for t in tensors]).tolist() if tensors else [])
+        values = {k: next(read) if isinstance(v, torch.Tensor) else float(v) for k, v in zip(names, scalars.values())}
+        for name, value in values.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.add_scalar(
+            "charts/SPS", int((step - self.start_step) / max(time.time() - self.start_time, 1e-9)), step
+        )
+        self.progress.update(step)
+        for name, value in values.items():
+            if "loss" in name and not math.isfinite(value):
+                path = self.write_checkpoint()
+                fail(f"{name} is {value} at step {step}; checkpoint written to {path}")
+        return values
+
+    def log_episodes(self, step: int, infos: dict | None = None, returns=None, lengths=None) -> None:
+        """charts/episodic_return and charts/episodic_length of the episodes that just ended:
+        from gymnasium's RecordEpisodeStatistics `infos`, or given as `returns` and `lengths`."""
+        if infos is not None:
+            if "episode" not in infos:
+                return
+            finished = infos["_episode"]
+            returns, lengths = infos["episode"]["r"][finished], infos["episode"]["l"][finished]
+        returns, lengths = np.asarray(returns, dtype=np.float64), np.asarray(lengths)
+        for episodic_return, episodic_length in zip(returns.tolist(), lengths.tolist()):
+            self.writer.add_scalar("charts/episodic_return", episodic_return, step)
+            self.writer.add_scalar("charts/episodic_length", episodic_length, step)
+        self.progress.add_returns(returns)
+
+    def end_iteration(self, step: int) -> None:
+        """Write a checkpoint when --checkpoint-every steps have passed since the last one, or
+        when SIGTERM/SIGINT arrived; after a signal, close the run and exit with code 0."""
+        due = self.next_checkpoint is not None and step >= self.next_checkpoint
+        if not (self.stop or due):
+            return
+        path = self.write_checkpoint()
+        if self.next_checkpoint is not None:
+            self.next_checkpoint = (step // self.args.checkpoint_every + 1) * self.args.checkpoint_every
+        if self.stop:
+            print(f"\n{self.stop.received}: checkpoint written to {path}; continue with --resume {path}", flush=True)
+            self.close()
+            raise SystemExit(0)
+
+    def finish(self, step: int, evaluate: Callable | None = None, **model) -> None:
+        """End the run. With --save-model, save `model` (state dicts and whatever the script's
+        evaluate() needs to rebuild it) as <exp_name>.cleanrl_model, reload it with `evaluate`
+        and log the returns of --eval-episodes episodes as eval/episodic_return."""
+        self.progress.close(step)
+        if self.args.save_model:
+            model_path = self.dir / f"{self.args.exp_name}{MODEL_SUFFIX}"
+            save_model(model_path, self.args, self.script, **model)
+            print(f"model saved to {model_path}")
+            if evaluate is not None:
+                returns = evaluate(
+                    model_path,
+                    self.args.eval_episodes,
+                    self.device,
+                    seed=self.args.seed + 1_000,
+                    capture_video=self.args.capture_video,
+                    video_dir=self.dir / "videos" / "eval",
+                )
+                for idx, episodic_return in enumerate(returns):
+                    self.writer.add_scalar("eval/episodic_return", episodic_return, idx)
+                print(f"evaluation over {len(returns)} episodes: {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+        self.close()
+
     def close(self) -> None:
         self.writer.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+            self.wandb_run = None
 
 
 def has_wandb_api_key() -> bool:

@@ -138,7 +138,7 @@ def fake_checkpoint(path: Path, exp_name: str, env_id: str = "CartPole-v1") -> N
     from cleanrl_utils.checkpoint import CHECKPOINT_FORMAT
 
     args = {"exp_name": exp_name, "env_id": env_id}
-    torch.save({"format": CHECKPOINT_FORMAT, "exp_name": exp_name, "env_id": env_id, "args": args}, path)
+    torch.save({"format": CHECKPOINT_FORMAT, "script": exp_name, "env_id": env_id, "args": args}, path)
 
 
 def test_resume_rejects_other_scripts_envs_and_arguments(workdir):
