@@ -1,18 +1,16 @@
 """Proximal Policy Optimization (PPO) for discrete actions.
 
-Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (https://arxiv.org/abs/1707.06347),
-with the details of Huang et al. 2022, "The 37 Implementation Details of PPO": GAE, clipped
-surrogate, optional value clipping, advantage normalisation, learning-rate annealing, entropy
-bonus, global gradient clipping and an optional early stop on a target KL.
+Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (https://arxiv.org/abs/1707.06347), with the details
+of Huang et al. 2022, "The 37 Implementation Details of PPO": GAE, clipped surrogate, optional value clipping,
+advantage normalisation, learning-rate annealing, entropy bonus, global gradient clipping, optional target-KL stop.
 
-Action space: Discrete. Observations: a flat Box. Environments: vectorised gymnasium
-(CartPole-v1, Acrobot-v1, MountainCar-v0 ...). A time-limit truncation is bootstrapped with the
-value of the true final observation; only a termination cuts the return.
+Action space: Discrete. Observations: a flat Box. Environments: vectorised gymnasium (CartPole-v1, Acrobot-v1,
+MountainCar-v0 ...). A time-limit truncation is bootstrapped with the value of the true final observation; only a
+termination cuts the return.
 
     uv run python cleanrl/ppo.py --env-id CartPole-v1
 
-Expect CartPole-v1 to reach ~500 within 500k steps and Acrobot-v1 about -85
-(benchmark/results/ppo.md).
+Expect CartPole-v1 to reach ~500 within 500k steps and Acrobot-v1 about -85 (benchmark/results/ppo.md).
 """
 
 import os
@@ -106,16 +104,8 @@ class Args:
 
 def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
-    check_positive(
-        total_timesteps=args.total_timesteps,
-        num_envs=args.num_envs,
-        num_steps=args.num_steps,
-        num_minibatches=args.num_minibatches,
-        update_epochs=args.update_epochs,
-        learning_rate=args.learning_rate,
-        eval_episodes=args.eval_episodes,
-        torch_threads=args.torch_threads,
-    )
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
+    check_positive(**{name: getattr(args, name) for name in positive + ("eval_episodes", "torch_threads")})
     if args.checkpoint_every < 0:
         fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
@@ -135,9 +125,7 @@ def validate(args: Args) -> None:
     action_space, observation_space = probe.action_space, probe.observation_space
     probe.close()
     if not isinstance(action_space, gym.spaces.Discrete):
-        fail(
-            f"ppo.py handles Discrete actions but {args.env_id} has {action_space}; use cleanrl/ppo_continuous_action.py"
-        )
+        fail(f"ppo.py handles Discrete actions, {args.env_id} has {action_space}: use cleanrl/ppo_continuous_action.py")
     if not isinstance(observation_space, gym.spaces.Box):
         fail(f"ppo.py needs Box observations but {args.env_id} has {observation_space}")
 
@@ -195,8 +183,7 @@ class Agent(nn.Module):
         return self.critic(obs).squeeze(-1)
 
     def sample_action(self, obs: torch.Tensor) -> torch.Tensor:
-        # Only the action is needed while stepping; log-probabilities and values of the whole
-        # rollout are computed afterwards in one batched pass with the same parameters.
+        # Only the action is needed while stepping; log-probabilities and values follow in one batched pass.
         # Gumbel-max trick: argmax(logits + Gumbel noise) is a sample of Categorical(logits),
         # in a few cheap elementwise ops (torch.multinomial costs ~5x more at this size).
         logits = self.actor(obs)
@@ -210,12 +197,8 @@ class Agent(nn.Module):
 
 
 class RolloutStorage:
-    """One rollout of `num_steps` x `num_envs` transitions.
-
-    Observations and actions live on the training device, since the policy needs them each
-    step. Rewards and episode ends come from the CPU simulator and are staged in host arrays,
-    then copied to the device once per rollout rather than once per step.
-    """
+    """One rollout of `num_steps` x `num_envs` transitions. Observations and actions live on the device (the
+    policy needs them each step); rewards and episode ends are staged on the host and moved once per rollout."""
 
     def __init__(self, num_steps: int, num_envs: int, obs_dim: int, device: torch.device):
         self.obs = torch.zeros((num_steps, num_envs, obs_dim), device=device)
@@ -227,19 +210,13 @@ class RolloutStorage:
         self.final_obs = np.zeros((num_steps, num_envs, obs_dim), dtype=np.float32)
         self.device = device
 
-    def to_device(self, array: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(array, device=self.device)
+    def rewards_and_ends(self) -> tuple[torch.Tensor, ...]:
+        return tuple(
+            torch.as_tensor(a, device=self.device) for a in (self.rewards, self.terminations, self.truncations)
+        )
 
 
-def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    next_values: torch.Tensor,
-    terminations: torch.Tensor,
-    truncations: torch.Tensor,
-    gamma: float,
-    gae_lambda: float,
-) -> torch.Tensor:
+def compute_gae(rewards, values, next_values, terminations, truncations, gamma, gae_lambda) -> torch.Tensor:
     """Generalized advantage estimates for a [num_steps, num_envs] rollout.
 
     next_values[t] is the value of the observation that followed step t: the true final
@@ -257,14 +234,7 @@ def compute_gae(
     return advantages
 
 
-def evaluate(
-    model_path: str | Path,
-    eval_episodes: int,
-    device: torch.device,
-    seed: int = 0,
-    capture_video: bool = False,
-    video_dir: Path | None = None,
-) -> list[float]:
+def evaluate(model_path, eval_episodes: int, device, seed=0, capture_video=False, video_dir=None) -> list[float]:
     """Reload a model saved by this script and return the episodic returns of the policy."""
     model = load_model(model_path, __file__)
     envs = make_envs(model["env_id"], 1, capture_video, video_dir)
@@ -302,7 +272,8 @@ if __name__ == "__main__":
         agent.load_state_dict(run.checkpoint["agent"])
         optimizer.load_state_dict(run.checkpoint["optimizer"])
         envs, next_obs_np = restore_envs(envs, run.checkpoint["envs"], next_obs_np)
-        global_step, iteration = run.checkpoint["global_step"], run.checkpoint["iteration"]
+        global_step = run.checkpoint["global_step"]
+        iteration = global_step // args.batch_size
     next_obs = torch.tensor(next_obs_np, dtype=torch.float32, device=device).view(args.num_envs, obs_dim)
 
     def training_state() -> dict:
@@ -312,7 +283,6 @@ if __name__ == "__main__":
             optimizer=optimizer.state_dict(),
             envs=snapshot_envs(envs, next_obs_np),
             global_step=global_step,
-            iteration=iteration,
         )
 
     run.begin(training_state)
@@ -342,19 +312,15 @@ if __name__ == "__main__":
                 run.log_episodes(global_step, infos)
 
             # 2. Advantages: values and log-probabilities of the whole rollout in batched passes.
-            rewards = storage.to_device(storage.rewards)
-            terminations = storage.to_device(storage.terminations)
-            truncations = storage.to_device(storage.truncations)
+            rewards, terminated, truncated = storage.rewards_and_ends()
             values = agent.get_value(torch.cat([storage.obs, next_obs.unsqueeze(0)]))
             next_values = values[1:]
             if storage.truncations.any():
-                final_values = agent.get_value(storage.to_device(storage.final_obs))
-                next_values = torch.where(truncations * (1 - terminations) > 0, final_values, next_values)
+                final_values = agent.get_value(torch.as_tensor(storage.final_obs, device=device))
+                next_values = torch.where(truncated * (1 - terminated) > 0, final_values, next_values)
                 storage.final_obs.fill(0.0)
             values = values[:-1]
-            advantages = compute_gae(
-                rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
-            )
+            advantages = compute_gae(rewards, values, next_values, terminated, truncated, args.gamma, args.gae_lambda)
             returns = advantages + values
 
             b_obs = storage.obs.reshape(-1, obs_dim)
