@@ -3,28 +3,27 @@ tables of the multi-agent scripts show the baseline measured the same way as the
 
     uv run python benchmark/random_policy.py --env-id vmas/navigation --seed 1 --total-timesteps 200000
 
-It builds the environment with the environment section of a multi-agent script (`--script`, default
-cleanrl/mappo.py; all five carry the same section), samples every agent's action uniformly from its
-action space, and writes runs/{env}__random_policy__{seed}__{time}/ with args.json and the same
-TensorBoard keys: charts/episodic_return (team return: the sum over agents of their episode returns,
-averaged over the episodes that ended since the last log), charts/episodic_return_agent{i},
-charts/episodic_length. `python -m cleanrl_utils.results` then scores it like any run.
+It builds the task with cleanrl_utils.envs.multiagent (as every multi-agent script does), samples
+every agent's action uniformly from its action space, and writes
+runs/{env}__{exp_name}__{seed}__{time}/ with args.json and the scripts' TensorBoard keys, each the
+mean over the episodes that ended since the last log: charts/episodic_return (the team return: the
+sum over agents of their episode returns), charts/episodic_return_agent{i},
+charts/episodic_return_mean_agent and charts/episodic_length. `python -m cleanrl_utils.results`
+then scores it like any run.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import tyro
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from cleanrl_utils.envs.multiagent import check_env_id, make_env  # noqa: E402
 from cleanrl_utils.errors import fail  # noqa: E402
 from cleanrl_utils.run import Run  # noqa: E402
 
@@ -46,7 +45,7 @@ class Args:
     log_every: int = 10
     """log the episodes that ended every this many vector steps"""
     script: str = "cleanrl/mappo.py"
-    """the multi-agent script whose environment section builds the task"""
+    """the multi-agent script this baseline stands beside (recorded in args.json)"""
     exp_name: str = "random_policy"
     """the run's name in result tables"""
     track: bool = False
@@ -55,13 +54,8 @@ class Args:
     """the W&B project"""
     wandb_entity: str | None = None
     """the W&B entity (team)"""
-
-
-def load_env_section(script: str):
-    spec = importlib.util.spec_from_file_location(Path(script).stem, script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # the script's main() is guarded by __name__ == "__main__"
-    return module
+    save_model: bool = False
+    """there is no model to save (Run's end-of-run step reads this)"""
 
 
 def random_actions(env, generator: torch.Generator) -> torch.Tensor:
@@ -72,51 +66,35 @@ def random_actions(env, generator: torch.Generator) -> torch.Tensor:
     return torch.randint(env.num_actions, shape, generator=generator, device=env.device)
 
 
-if __name__ == "__main__":
-    args = tyro.cli(Args)
-    if not Path(args.script).is_file() and (ROOT / args.script).is_file():
-        args.script = str(ROOT / args.script)  # a path relative to the repository, run from elsewhere
-    if not Path(args.script).is_file():
+def validate(args: Args) -> None:
+    script = Path(args.script) if Path(args.script).is_file() else ROOT / args.script  # relative to the repository
+    if not script.is_file():
         fail(f"--script {args.script} does not exist")
+    if "cleanrl_utils.envs.multiagent" not in script.read_text():
+        fail(
+            f"--script {args.script} is not a multi-agent script (use mappo.py, qmix.py, vdn.py, maddpg.py or matd3.py)"
+        )
     if args.num_envs <= 0 or args.total_timesteps < args.num_envs or args.log_every <= 0:
         fail("--num-envs and --log-every must be positive and --total-timesteps at least --num-envs")
     if args.max_episode_steps is not None and args.max_episode_steps <= 0:
         fail(f"--max-episode-steps must be positive, got {args.max_episode_steps}")
-    section = load_env_section(args.script)
-    if not all(hasattr(section, name) for name in ("check_env_id", "make_env", "VMASVecEnv", "MPEVecEnv")):
-        fail(
-            f"--script {args.script} has no multi-agent environment section (use mappo.py, qmix.py, vdn.py, maddpg.py or matd3.py)"
-        )
-    if (message := section.check_env_id(args.env_id)) is not None:
-        fail(message)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    check_env_id(args.env_id)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    validate(args)
+    run = Run(args, __file__)  # seeds python, numpy and torch; makes the run directory
     device = torch.device("cpu")
-    env = section.make_env(
-        args.env_id, args.num_envs, device, args.seed, args.continuous_actions, args.max_episode_steps
-    )
+    env = make_env(args.env_id, args.num_envs, device, args.seed, args.continuous_actions, args.max_episode_steps)
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    run = Run(args)
     env.reset()
-    return_sum = torch.zeros(env.n_agents)
-    length_sum = torch.zeros(())
-    finished = torch.zeros(())
     for step in range(1, args.total_timesteps // args.num_envs + 1):
-        *_, info = env.step(random_actions(env, generator))
-        done = info["done"].float()
-        return_sum += (info["episode_return"] * done.unsqueeze(1)).sum(0)
-        length_sum += (info["episode_length"] * done).sum()
-        finished += done.sum()
-        if step % args.log_every == 0 and finished > 0:
+        env.step(random_actions(env, generator))
+        if step % args.log_every == 0 and (episodes := env.read_episodes()) is not None:
             global_step = step * args.num_envs
-            run.writer.add_scalar("charts/episodic_return", (return_sum.sum() / finished).item(), global_step)
-            for agent in range(env.n_agents):
-                run.writer.add_scalar(
-                    f"charts/episodic_return_agent{agent}", (return_sum[agent] / finished).item(), global_step
-                )
-            run.writer.add_scalar("charts/episodic_length", (length_sum / finished).item(), global_step)
-            return_sum.zero_(), length_sum.zero_(), finished.zero_()
+            run.log_episodes(global_step, returns=[episodes.team_return], lengths=[episodes.length])
+            run.log(global_step, episodes.agent_scalars())
     env.close()
-    run.close()
+    run.finish(args.total_timesteps // args.num_envs * args.num_envs)
     print(f"{args.env_id}: random policy logged to {run.dir}")

@@ -1,0 +1,6 @@
+"""Environment plumbing shared by the scripts: adapters that give a simulator the batched
+interface the scripts use (what gymnasium's vector envs and RecordEpisodeStatistics do for the
+single-agent scripts). Nothing here changes what an agent learns.
+
+- `multiagent`: VMAS scenarios and mpe2 tasks as [num_envs, n_agents, ...] tensors.
+"""
