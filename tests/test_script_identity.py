@@ -1,0 +1,183 @@
+"""A script's identity is its file: every script in cleanrl/, copied under a new name or run with another
+--exp-name, saves, evaluates and resumes its own models and checkpoints; a file saved by another script is
+refused in one line naming that script."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, assert_bad_input, script_env
+
+MULTIAGENT_REPLAY = ["--buffer-size", "500", "--batch-size", "16", "--learning-starts", "40", "--num-envs", "4"]
+VMAS_SHORT = ["--env-id", "vmas/navigation", "--max-episode-steps", "10"]
+PPO_TINY = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"]
+OFF_POLICY_TINY = ["--buffer-size", "500", "--batch-size", "16", "--learning-starts", "100"]
+
+# Tiny runs of every script: (flags, total timesteps, --checkpoint-every for a checkpoint before the end).
+RUNS = {
+    "ppo.py": (["--env-id", "CartPole-v1", *PPO_TINY], 192, 100),
+    "dqn.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY], 300, 200),
+    "c51.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY, "--n-atoms", "11"], 300, 200),
+    "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
+    "sac_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
+    "td3_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
+    "ddpg_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
+    "ppo_isaacgym.py": (
+        [
+            "--env-id",
+            "Hopper",
+            "--num-envs",
+            "8",
+            "--num-steps",
+            "8",
+            "--num-minibatches",
+            "2",
+            "--update-epochs",
+            "1",
+            "--log-every",
+            "1",
+        ],
+        192,
+        100,
+    ),
+    "mappo.py": (
+        [
+            *VMAS_SHORT,
+            "--num-envs",
+            "4",
+            "--num-steps",
+            "10",
+            "--num-minibatches",
+            "2",
+            "--update-epochs",
+            "1",
+            "--hidden-size",
+            "16",
+        ],
+        120,
+        80,
+    ),
+    "qmix.py": ([*VMAS_SHORT, "--no-continuous-actions", *MULTIAGENT_REPLAY, "--hidden-dim", "16"], 120, 80),
+    "vdn.py": ([*VMAS_SHORT, "--no-continuous-actions", *MULTIAGENT_REPLAY, "--hidden-dim", "16"], 120, 80),
+    "maddpg.py": ([*VMAS_SHORT, *MULTIAGENT_REPLAY, "--hidden-dim", "16"], 120, 80),
+    "matd3.py": ([*VMAS_SHORT, *MULTIAGENT_REPLAY, "--hidden-dim", "16"], 120, 80),
+}
+
+
+def test_every_script_is_covered():
+    assert sorted(RUNS) == sorted(p.name for p in (ROOT / "cleanrl").glob("*.py"))
+
+
+def run(script: Path, *flags: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(script), *flags],
+        cwd=cwd,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def evaluate(path: Path, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cleanrl_utils.evaluate", str(path), "--episodes", "1"],
+        cwd=cwd,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def only_run_dir(cwd: Path) -> Path:
+    (run_dir,) = sorted((cwd / "runs").iterdir())
+    return run_dir
+
+
+def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def tiny_flags(name: str) -> tuple[list[str], int, int]:
+    flags, total, every = RUNS[name]
+    return [*flags, "--total-timesteps", str(total), "--eval-episodes", "1"], total, every
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_copied_script_saves_evaluates_and_resumes_its_own_files(name, tmp_path):
+    copy = tmp_path / "scripts" / f"my_{name}"
+    copy.parent.mkdir()
+    shutil.copy(ROOT / "cleanrl" / name, copy)
+    flags, total, every = tiny_flags(name)
+    ok(run(copy, *flags, "--save-model", "--checkpoint-every", str(every), cwd=tmp_path))
+    run_dir = only_run_dir(tmp_path)
+    model = run_dir / f"my_{Path(name).stem}.cleanrl_model"
+    assert model.is_file(), sorted(p.name for p in run_dir.iterdir())
+    checkpoint = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    assert checkpoint["script"] == f"my_{Path(name).stem}" and checkpoint["global_step"] < total
+
+    resumed = ok(
+        run(
+            copy,
+            *flags,
+            "--save-model",
+            "--checkpoint-every",
+            str(every),
+            "--resume",
+            str(run_dir / "checkpoint.pt"),
+            cwd=tmp_path,
+        )
+    )
+    assert "model saved to" in resumed.stdout
+    assert only_run_dir(tmp_path) == run_dir  # the resumed run continued the same directory
+    assert f"my_{Path(name).stem}.py on" in ok(evaluate(run_dir, cwd=tmp_path)).stdout
+
+    # The original script refuses the copy's checkpoint and its model, in one line naming the copy.
+    (tmp_path / "other").mkdir()
+    refused = run(ROOT / "cleanrl" / name, *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path / "other")
+    assert_bad_input(refused, tmp_path / "other", f"written by my_{Path(name).stem}.py, not {Path(name).stem}.py")
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_any_exp_name_saves_and_evaluates(name, tmp_path):
+    flags, _, _ = tiny_flags(name)
+    ok(run(ROOT / "cleanrl" / name, *flags, "--exp-name", "other", "--save-model", cwd=tmp_path))
+    run_dir = only_run_dir(tmp_path)
+    assert "__other__" in run_dir.name
+    result = ok(evaluate(run_dir / "other.cleanrl_model", cwd=tmp_path))
+    assert f"{Path(name).stem}.py on" in result.stdout and "over 1 episodes" in result.stdout
+
+
+def test_another_algorithms_files_fail_in_one_line(tmp_path):
+    """A ppo checkpoint given to dqn.py --resume, and a ppo model given to dqn's and sac's evaluate()."""
+    flags, _, every = tiny_flags("ppo.py")
+    ok(run(ROOT / "cleanrl" / "ppo.py", *flags, "--save-model", "--checkpoint-every", str(every), cwd=tmp_path))
+    run_dir = only_run_dir(tmp_path)
+    (tmp_path / "dqn").mkdir()
+    dqn_flags, _, _ = tiny_flags("dqn.py")
+    refused = run(
+        ROOT / "cleanrl" / "dqn.py", *dqn_flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path / "dqn"
+    )
+    assert_bad_input(refused, tmp_path / "dqn", "written by ppo.py, not dqn.py")
+    for other in ("dqn", "sac_continuous_action"):
+        code = (
+            f"import sys; sys.path.insert(0, {str(ROOT / 'cleanrl')!r}); import {other}; "
+            f"{other}.evaluate({str(run_dir / 'ppo.cleanrl_model')!r}, 1, 'cpu')"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], env=script_env(), capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [
+            f"error: model {run_dir / 'ppo.cleanrl_model'} was saved by ppo.py, not {other}.py"
+        ]
+    # and a checkpoint is not a model
+    result = evaluate(run_dir / "checkpoint.pt", cwd=tmp_path)
+    assert result.returncode == 2 and "a training checkpoint, not a saved model" in result.stderr
