@@ -1,51 +1,25 @@
 """Multi-Agent PPO (MAPPO) and independent PPO (IPPO) for cooperative multi-agent tasks.
 
 Yu et al. 2022, "The Surprising Effectiveness of PPO in Cooperative Multi-Agent Games"
-(https://arxiv.org/abs/2103.01955): PPO whose actor and critic are each one network shared by all
-agents, fed the agent's one-hot id beside its input. The actor sees [own observation, agent id];
-the centralised critic sees [global state, agent id], the global state being every agent's
-observation concatenated in agent order (`global_state`). With `--independent` the critic sees
-only [own observation, agent id]: independent PPO (IPPO, de Witt et al. 2020,
-https://arxiv.org/abs/2011.09533), still with shared parameters. The first progress line and the
-hyperparameters (`critic`) say which.
+(https://arxiv.org/abs/2103.01955): one actor and one critic shared by all agents, each fed the agent's
+one-hot id; the centralised critic sees the global state (every agent's observation, `global_state`).
+`--independent`: the critic sees only the agent's own observation, IPPO (de Witt et al. 2020,
+https://arxiv.org/abs/2011.09533). Kept from MAPPO: value normalisation (ValueNorm), GAE per agent,
+clipped surrogate and value loss, entropy bonus, gradient clipping, learning-rate annealing.
 
-MAPPO details kept here: value normalisation (ValueNorm: a debiased exponential moving average of
-the mean and mean square of the value targets; the critic predicts normalised values, which are
-denormalised for GAE, and the targets are normalised for the loss), GAE per agent (rewards and
-values are [steps, envs, agents]), clipped surrogate, optional clipped value loss, entropy bonus,
-global gradient clipping, learning-rate annealing, several epochs over shuffled minibatches of
-(step, environment, agent) samples, advantages normalised per minibatch.
-
-Actions: continuous (default, `--continuous-actions`, VMAS practice: a Gaussian policy with a
-state-independent log standard deviation; the sampled action is clipped to the bounds for the
-environment, the unclipped sample is what is scored by the policy) or discrete
-(`--no-continuous-actions`, a categorical policy). Every agent needs the same action space.
-
-Environments: VMAS scenarios (`--env-id vmas/navigation`, torch-batched, simulated on the
-training device) and MPE through mpe2 (`--env-id mpe/simple_spread_v3`, num_envs copies on the
-host). Rollouts, storage, advantages and episode statistics stay on the device: no `.item()` or
-`.cpu()` in the rollout or the update except the VMAS reset of finished worlds and MPE's host
-copy (both in the environment section); scalars are read back every `--log-every` iterations.
-A time-limit truncation is bootstrapped with the critic's value of the true final observation;
-only a termination cuts the return.
+Actions: continuous (default; a Gaussian policy, the sample clipped to the bounds for the simulator) or
+discrete (`--no-continuous-actions`), one action space for all agents. Environments: VMAS scenarios
+(`vmas/navigation`, torch-batched on the training device) and mpe2 tasks (`mpe/simple_spread_v3`).
+Neither simulator can be saved: `--resume` continues with freshly reset environments.
 
     uv run python cleanrl/mappo.py --env-id vmas/navigation
     uv run python cleanrl/mappo.py --env-id vmas/balance --independent --exp-name ippo
-    uv run python cleanrl/mappo.py --env-id mpe/simple_spread_v3 --no-continuous-actions --num-envs 32
 
-What to expect (one seed, measured on this project's loaded 2-core CPU with --torch-threads 1;
-3 seeds in benchmark/results/mappo.md, commands in benchmark/mappo.sh): the team return (the sum of
-the agents' returns) on vmas/navigation goes from about -3 (a uniform random policy) to ~15 within
-300k environment steps, and on vmas/balance from about -30 (random) to ~+10 within 150k steps.
-
-Resume: neither VMAS nor mpe2 can save its simulator state here, so `--resume` restores networks,
-optimiser, value normalisation, counters, episode statistics and random generators, and continues
-with freshly reset environments (and says so).
+Expect the team return (sum over agents) on vmas/navigation to go from about -3 (random) to ~13 and on
+vmas/balance from about -28 to ~69 within 300k steps (benchmark/results/mappo.md).
 """
 
 import os
-import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,18 +28,9 @@ import torch
 import torch.nn as nn
 import tyro
 
-from cleanrl_utils.checkpoint import (
-    CHECKPOINT_NAME,
-    StopSignal,
-    load_checkpoint,
-    load_model,
-    restore_rng_state,
-    save_checkpoint,
-    save_model,
-)
+from cleanrl_utils.checkpoint import load_model
 from cleanrl_utils.envs.multiagent import check_env_id, make_env
 from cleanrl_utils.errors import check_positive, fail
-from cleanrl_utils.progress import Progress
 from cleanrl_utils.run import Run
 
 
@@ -86,7 +51,7 @@ class Args:
     wandb_entity: str | None = None
     """the W&B entity (team)"""
     capture_video: bool = False
-    """not supported by this script (VMAS renders through pyglet, which needs a display); must stay off"""
+    """not supported (VMAS renders through pyglet, which needs a display); must stay off"""
     save_model: bool = False
     """if toggled, save the model at the end and evaluate the reloaded copy"""
     checkpoint_every: int = 0
@@ -94,7 +59,7 @@ class Args:
     resume: str | None = None
     """path of a checkpoint to continue from (run the original command with this flag added)"""
     env_id: str = "vmas/navigation"
-    """the task: vmas/<scenario> or mpe/<task> (see KNOWN_ENV_IDS)"""
+    """the task: vmas/<scenario> or mpe/<task> (cleanrl_utils.envs.multiagent.KNOWN_ENV_IDS)"""
     total_timesteps: int = 2_000_000
     """total environment steps (one step of all num_envs worlds counts num_envs)"""
     num_envs: int = 256
@@ -129,8 +94,8 @@ class Args:
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
     """toggles whether or not to use a clipped loss for the value function (in normalised units)"""
-    ent_coef: float = 0.0
-    """coefficient of the entropy"""
+    ent_coef: float | None = None
+    """coefficient of the entropy (None: 0.01 for discrete actions (Yu et al. 2022), 0.0 for continuous)"""
     vf_coef: float = 1.0
     """coefficient of the value function"""
     max_grad_norm: float = 10.0
@@ -159,15 +124,13 @@ class Args:
 
 def global_state(obs: torch.Tensor) -> torch.Tensor:
     """The centralised critic's input: every agent's observation concatenated in agent order,
-    [num_envs, n_agents * obs_dim]. For MPE this is exactly mpe2's state(); VMAS has no state of its own."""
+    [..., n_agents * obs_dim]. For MPE this is exactly mpe2's state(); VMAS has no state of its own."""
     return obs.flatten(start_dim=-2)
 
 
 def validate(args: Args) -> None:
-    """Check the arguments before any work; fail in one line."""
-    message = check_env_id(args.env_id)
-    if message:
-        fail(message)
+    """Check the arguments and the task before any work; fail in one line. Fills in the runtime fields."""
+    check_env_id(args.env_id)
     check_positive(
         total_timesteps=args.total_timesteps,
         num_envs=args.num_envs,
@@ -183,7 +146,8 @@ def validate(args: Args) -> None:
         check_positive(max_episode_steps=args.max_episode_steps)
     if args.checkpoint_every < 0 or args.torch_threads < 0:
         fail(
-            f"--checkpoint-every and --torch-threads must be 0 or positive, got {args.checkpoint_every} and {args.torch_threads}"
+            "--checkpoint-every and --torch-threads must be 0 or positive, "
+            f"got {args.checkpoint_every} and {args.torch_threads}"
         )
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1 or not 0 < args.value_norm_beta < 1:
         fail(
@@ -201,18 +165,19 @@ def validate(args: Args) -> None:
     args.num_iterations = args.total_timesteps // rollout
     if args.num_iterations == 0:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout of {rollout} steps")
+    probe = make_env(args.env_id, 1, torch.device("cpu"), args.seed, args.continuous_actions, args.max_episode_steps)
+    check_action_spaces(probe, args.env_id)
+    probe.close()
     args.critic = "independent" if args.independent else "centralised"
+    if args.ent_coef is None:
+        args.ent_coef = 0.0 if args.continuous_actions else 0.01
+    args.batch_size = rollout * probe.n_agents
+    args.minibatch_size = args.batch_size // args.num_minibatches
 
 
 def check_action_spaces(envs, env_id: str) -> None:
-    """One policy is shared by all agents, so they need one action space (with the same bounds); fail in one line otherwise."""
-    first = envs.action_spaces[0]
-    same_bounds = all(
-        np.array_equal(getattr(space, "low", None), getattr(first, "low", None))
-        and np.array_equal(getattr(space, "high", None), getattr(first, "high", None))
-        for space in envs.action_spaces
-    )
-    if not envs.same_action_space or not same_bounds:
+    """One policy is shared by all agents, so they need one action space (with the same bounds)."""
+    if not envs.same_action_space:
         fail(
             f"{env_id}: the agents have different action spaces ({', '.join(map(str, envs.action_spaces))}); "
             "mappo.py shares one policy across agents and needs one action space"
@@ -384,7 +349,7 @@ def evaluate(
     clipped to the bounds; or the most likely action)."""
     if capture_video:
         fail("--capture-video is not supported by mappo.py: VMAS renders through pyglet, which needs a display")
-    model = load_model(model_path, "mappo")
+    model = load_model(model_path, __file__)
     args = model["args"]
     envs = make_env(model["env_id"], eval_episodes, device, seed, args["continuous_actions"], args["max_episode_steps"])
     agent = make_agent(envs, args, device)
@@ -392,7 +357,7 @@ def evaluate(
     returns = torch.full((eval_episodes,), torch.nan, device=device)
     obs = envs.reset()
     with torch.no_grad():
-        while returns.isnan().any():  # one host read per step: fine for an evaluation
+        for _ in range(envs.max_episode_steps):  # every world ends a first episode within the time limit
             action = agent.greedy(obs)
             if envs.continuous:
                 action = torch.clamp(action, envs.action_low, envs.action_high)
@@ -406,29 +371,10 @@ def evaluate(
 if __name__ == "__main__":
     args = tyro.cli(Args)
     validate(args)
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
+    run = Run(args, __file__)  # seeds, picks the device, checks --resume, makes the run directory
+    device = run.device
     envs = make_env(args.env_id, args.num_envs, device, args.seed, args.continuous_actions, args.max_episode_steps)
-    check_action_spaces(envs, args.env_id)
     n_agents, obs_dim = envs.n_agents, envs.obs_dim
-    args.batch_size = args.num_envs * args.num_steps * n_agents
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
-    stop = StopSignal()  # from here on, SIGTERM/SIGINT lead to a checkpoint and a clean exit
-    run = Run(
-        args,
-        run_dir=Path(args.resume).parent if checkpoint else None,
-        purge_step=checkpoint["global_step"] + 1 if checkpoint else None,
-        wandb_id=checkpoint["wandb_id"] if checkpoint else None,
-    )
-    writer = run.writer
 
     agent = make_agent(envs, args, device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
@@ -448,54 +394,33 @@ if __name__ == "__main__":
     rewards = torch.zeros(shape, device=device)
     terminations = torch.zeros(shape[:2], device=device)
     truncations = torch.zeros(shape[:2], device=device)
-    # Finished episodes since the last log line: count, sum of team returns, sum of lengths, sums of per-agent returns.
-    episode_stats = torch.zeros(3 + n_agents, dtype=torch.float64, device=device)
 
-    global_step, start_iteration = 0, 1
-    if checkpoint:
-        agent.load_state_dict(checkpoint["agent"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        value_norm.load_state_dict(checkpoint["value_norm"])
-        episode_stats.copy_(checkpoint["episode_stats"])
-        restore_rng_state(checkpoint["rng"])
-        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
-        print(
-            f"resuming at step {global_step}: {args.env_id} cannot be saved with the checkpoint, continuing with freshly reset environments",
-            flush=True,
-        )
+    global_step, iteration = 0, 0
+    if run.checkpoint:
+        agent.load_state_dict(run.checkpoint["agent"])
+        optimizer.load_state_dict(run.checkpoint["optimizer"])
+        value_norm.load_state_dict(run.checkpoint["value_norm"])
+        global_step = run.checkpoint["global_step"]
+        iteration = global_step // (args.num_envs * args.num_steps)
+        print(f"{args.env_id} cannot be saved with the checkpoint: continuing with freshly reset environments")
     next_obs = envs.reset()
 
-    def write_checkpoint(iteration: int) -> Path:
-        path = run.dir / CHECKPOINT_NAME
-        writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(
-            path,
-            args,
-            global_step=global_step,
-            iteration=iteration,
+    def training_state() -> dict:
+        """What a checkpoint holds; resuming reads back each of these."""
+        return dict(
             agent=agent.state_dict(),
             optimizer=optimizer.state_dict(),
             value_norm=value_norm.state_dict(),
-            episode_stats=episode_stats.cpu(),
-            wandb_id=run.wandb_id,
+            global_step=global_step,
         )
-        return path
 
-    progress = Progress(
-        args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name} ({args.critic} critic)"
-    )
-    progress.update(global_step)
-    next_checkpoint = (
-        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
-    )
-    start_time, start_step = time.time(), global_step
-
-    for iteration in range(start_iteration, args.num_iterations + 1):
+    run.begin(training_state)
+    while iteration < args.num_iterations:
+        iteration += 1
         if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
 
-        # Rollout: everything stays on the device.
+        # 1. Collect a rollout; everything stays on the device.
         with torch.no_grad():
             for step in range(args.num_steps):
                 global_step += args.num_envs
@@ -504,21 +429,12 @@ if __name__ == "__main__":
                 actions[step] = action
                 if envs.continuous:  # the environment gets the clipped action, the policy keeps the sample
                     action = torch.clamp(action, envs.action_low, envs.action_high)
-                next_obs, reward, terminated, truncated, final_obs[step], info = envs.step(action)
-                rewards[step] = reward
+                next_obs, rewards[step], terminated, truncated, final_obs[step], _ = envs.step(action)
                 terminations[step] = terminated.float()
                 truncations[step] = truncated.float()
-                done = info["done"].double()
-                episode_return = info["episode_return"].double() * done.unsqueeze(1)
-                episode_stats += torch.cat(
-                    [
-                        torch.stack([done.sum(), episode_return.sum(), (info["episode_length"] * done).sum()]),
-                        episode_return.sum(0),
-                    ]
-                )
 
-            # Values of the whole rollout in batched passes, in the targets' units. A truncated
-            # episode is bootstrapped with the value of its true final observation.
+            # 2. Advantages: values of the whole rollout in batched passes, in the targets' units. A
+            # truncated episode is bootstrapped with the value of its true final observation.
             critic_in = agent.critic_input(obs)
             old_values = agent.value(critic_in)  # what the critic predicts (normalised units)
             values = denormalize(old_values)
@@ -538,8 +454,8 @@ if __name__ == "__main__":
             b_logprobs, b_advantages = logprobs.reshape(-1), advantages.reshape(-1)
             b_targets, b_old_values = targets.reshape(-1), old_values.reshape(-1)
 
-        # Optimise the policy and value network on (step, environment, agent) samples.
-        clipfracs = []
+        # 3. Update the policy and value network on shuffled (step, environment, agent) samples.
+        clipped = torch.zeros((), device=device)
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(args.batch_size, device=device)
             for start in range(0, args.batch_size, args.minibatch_size):
@@ -551,7 +467,7 @@ if __name__ == "__main__":
                 with torch.no_grad():
                     old_approx_kl = (-logratio).mean()
                     approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+                    clipped += ((ratio - 1.0).abs() > args.clip_coef).float().mean()
 
                 mb_advantages = b_advantages[mb_inds]
                 if args.norm_adv:
@@ -565,10 +481,8 @@ if __name__ == "__main__":
                 # Value loss, in normalised units
                 if args.clip_vloss:
                     v_loss_unclipped = (newvalue - b_targets[mb_inds]) ** 2
-                    v_clipped = b_old_values[mb_inds] + torch.clamp(
-                        newvalue - b_old_values[mb_inds], -args.clip_coef, args.clip_coef
-                    )
-                    v_loss_clipped = (v_clipped - b_targets[mb_inds]) ** 2
+                    v_delta = torch.clamp(newvalue - b_old_values[mb_inds], -args.clip_coef, args.clip_coef)
+                    v_loss_clipped = (b_old_values[mb_inds] + v_delta - b_targets[mb_inds]) ** 2
                     v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                 else:
                     v_loss = 0.5 * ((newvalue - b_targets[mb_inds]) ** 2).mean()
@@ -581,83 +495,37 @@ if __name__ == "__main__":
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
 
-        # Logging: one device-to-host read every --log-every iterations (and at the end).
-        last = iteration == args.num_iterations or bool(stop)
-        if iteration % args.log_every == 0 or last:
-            with torch.no_grad():
-                var_y = returns.var()
-                explained_var = torch.where(var_y == 0, torch.nan, 1 - (returns - values).var() / var_y)
-                stats = torch.stack(
-                    [
-                        v_loss,
-                        pg_loss,
-                        entropy_loss,
-                        old_approx_kl,
-                        approx_kl,
-                        torch.stack(clipfracs).mean(),
-                        explained_var,
-                    ]
-                ).tolist()
-                finished, team_sum, length_sum, *agent_sums = episode_stats.tolist()
-                episode_stats.zero_()
-            for name, value in zip(
-                [
-                    "value_loss",
-                    "policy_loss",
-                    "entropy",
-                    "old_approx_kl",
-                    "approx_kl",
-                    "clipfrac",
-                    "explained_variance",
-                ],
-                stats,
-            ):
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            if finished > 0:  # the mean over the episodes that ended since the last log line
-                writer.add_scalar("charts/episodic_return", team_sum / finished, global_step)
-                for agent_index, agent_sum in enumerate(agent_sums):
-                    writer.add_scalar(f"charts/episodic_return_agent{agent_index}", agent_sum / finished, global_step)
-                writer.add_scalar("charts/episodic_length", length_sum / finished, global_step)
-                progress.add_returns([team_sum / finished])
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
-            progress.update(global_step)
-            for name, value in zip(["value_loss", "policy_loss", "entropy"], stats):
-                if not np.isfinite(value):
-                    path = write_checkpoint(iteration)
-                    fail(
-                        f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}"
-                    )
-
-        if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
-            path = write_checkpoint(iteration)
-            if next_checkpoint is not None:
-                next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every
-            if stop:
-                print(f"\n{stop.received}: checkpoint written to {path}; continue with --resume {path}", flush=True)
-                envs.close()
-                run.close()
-                raise SystemExit(0)
-
-    progress.close(global_step)
-
-    if args.save_model:
-        model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(
-            model_path,
-            args,
-            agent=agent.state_dict(),
-            value_norm=value_norm.state_dict(),
-            n_agents=n_agents,
-            obs_dim=obs_dim,
-        )
-        print(f"model saved to {model_path}")
-        episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000)
-        for idx, episodic_return in enumerate(episodic_returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(
-            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.2f} +- {np.std(episodic_returns):.2f}"
-        )
+        # 4. Log every --log-every iterations (one host read for the episodes, one for the losses)
+        # and checkpoint when due.
+        if iteration % args.log_every == 0 or iteration == args.num_iterations:
+            scalars = {}
+            if (episodes := envs.read_episodes()) is not None:  # the means over the episodes since the last log
+                run.log_episodes(global_step, returns=[episodes.team_return], lengths=[episodes.length])
+                scalars = episodes.agent_scalars()
+            var_y = returns.var()
+            explained_var = torch.where(var_y == 0, torch.nan, 1 - (returns - values).var() / var_y)
+            run.log(
+                global_step,
+                {
+                    **scalars,
+                    "losses/value_loss": v_loss,
+                    "losses/policy_loss": pg_loss,
+                    "losses/entropy": entropy_loss,
+                    "losses/old_approx_kl": old_approx_kl,
+                    "losses/approx_kl": approx_kl,
+                    "losses/clipfrac": clipped / (args.update_epochs * args.num_minibatches),
+                    "losses/explained_variance": explained_var,
+                    "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                },
+            )
+        run.end_iteration(global_step)
 
     envs.close()
-    run.close()
+    run.finish(
+        global_step,
+        evaluate,
+        agent=agent.state_dict(),
+        value_norm=value_norm.state_dict(),
+        n_agents=n_agents,
+        obs_dim=obs_dim,
+    )
