@@ -529,9 +529,9 @@ def test_bad_input_is_one_line_without_traceback(tmp_path, capsys, monkeypatch):
     run_dir = fake_run(inputs, "CartPole-v1", "ppo", 1, [(10, 1.0), (20, 2.0)])
     (inputs / "text.cleanrl_model").write_text("not a model")
     checkpoint_file = inputs / "checkpoint.pt"
-    torch.save({"format": "cleanrl-checkpoint-v1", "exp_name": "ppo"}, checkpoint_file)
+    torch.save({"format": "cleanrl-checkpoint-v2", "script": "ppo"}, checkpoint_file)
     unknown_script = inputs / "mystery.cleanrl_model"
-    torch.save({"format": "cleanrl-model-v1", "exp_name": "mystery", "env_id": "CartPole-v1"}, unknown_script)
+    torch.save({"format": "cleanrl-model-v2", "script": "mystery", "env_id": "CartPole-v1"}, unknown_script)
 
     # The entry points themselves, in subprocesses.
     assert_bad_input(run_module("cleanrl_utils.plot", str(empty), cwd=cwd), cwd, "no TensorBoard events")

@@ -43,30 +43,95 @@ class FakeArgs:
 
 def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
     torch.manual_seed(0)
-    checkpoint.save_checkpoint(tmp_path / "c.pt", FakeArgs(), global_step=5)
+    checkpoint.save_checkpoint(tmp_path / "c.pt", FakeArgs(), "ppo", global_step=5)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    loaded = checkpoint.load_checkpoint(tmp_path / "c.pt", FakeArgs())
+    loaded = checkpoint.load_checkpoint(tmp_path / "c.pt", FakeArgs(), "ppo")
     checkpoint.restore_rng_state(loaded["rng"])
     assert torch.equal(torch.rand(3), expected)
     assert loaded["global_step"] == 5
 
 
 def test_load_checkpoint_refuses_other_arguments(tmp_path, capsys):
-    checkpoint.save_checkpoint(tmp_path / "c.pt", FakeArgs())
+    checkpoint.save_checkpoint(tmp_path / "c.pt", FakeArgs(), "ppo")
     with pytest.raises(SystemExit) as exit_info:
-        checkpoint.load_checkpoint(tmp_path / "c.pt", FakeArgs(learning_rate=0.2))
+        checkpoint.load_checkpoint(tmp_path / "c.pt", FakeArgs(learning_rate=0.2), "ppo")
     assert exit_info.value.code == errors.EXIT_BAD_INPUT
     assert "--learning-rate is 0.2 but the checkpointed run used 0.1" in capsys.readouterr().err
     # Operational flags such as --resume may differ.
-    checkpoint.load_checkpoint(tmp_path / "c.pt", FakeArgs(resume="somewhere"))
+    checkpoint.load_checkpoint(tmp_path / "c.pt", FakeArgs(resume="somewhere"), "ppo")
 
 
-def test_load_model_refuses_another_scripts_model(tmp_path, capsys):
-    checkpoint.save_model(tmp_path / "m.cleanrl_model", FakeArgs(exp_name="dqn"), weights={})
+def test_identity_is_the_script_file_not_the_exp_name(tmp_path, capsys):
+    # Saved by dqn.py under --exp-name ppo: still dqn's, and refused by ppo.py.
+    checkpoint.save_model(tmp_path / "m.cleanrl_model", FakeArgs(exp_name="ppo"), "/somewhere/dqn.py", weights={})
+    assert checkpoint.load_model(tmp_path / "m.cleanrl_model", "/elsewhere/dqn.py")["script"] == "dqn"
     with pytest.raises(SystemExit):
-        checkpoint.load_model(tmp_path / "m.cleanrl_model", "ppo")
+        checkpoint.load_model(tmp_path / "m.cleanrl_model", "/somewhere/ppo.py")
     assert "saved by dqn.py, not ppo.py" in capsys.readouterr().err
+    checkpoint.save_checkpoint(tmp_path / "c.pt", FakeArgs(exp_name="ppo"), "dqn")
+    with pytest.raises(SystemExit):
+        checkpoint.load_checkpoint(tmp_path / "c.pt", FakeArgs(exp_name="ppo"), "ppo")
+    assert "written by dqn.py, not ppo.py" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a model is not a checkpoint
+        checkpoint.load_checkpoint(tmp_path / "m.cleanrl_model", FakeArgs(), "dqn")
+    assert "a saved model, not a checkpoint" in capsys.readouterr().err
+
+
+@dataclass
+class RunArgs:
+    exp_name: str = "fake"
+    env_id: str = "CartPole-v1"
+    seed: int = 1
+    torch_deterministic: bool = True
+    cuda: bool = False
+    track: bool = False
+    save_model: bool = False
+    checkpoint_every: int = 100
+    resume: str | None = None
+    total_timesteps: int = 1000
+
+
+def test_run_logs_with_one_read_checkpoints_on_schedule_and_stops_on_a_nan_loss(tmp_path, monkeypatch, capsys):
+    from cleanrl_utils.run import Run
+
+    run = Run(RunArgs(), tmp_path / "fake.py", run_dir=tmp_path / "run")
+    state = {"step": 0}
+    run.begin(lambda: {"global_step": state["step"], "weights": torch.ones(2) * state["step"]})
+    reads = []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or original(t))
+    values = run.log(10, {"losses/a_loss": torch.tensor(1.5), "losses/b": torch.tensor([2.0]), "charts/c": 3})
+    monkeypatch.undo()
+    assert values == {"losses/a_loss": 1.5, "losses/b": 2.0, "charts/c": 3.0} and reads == [torch.Size([2])]
+    for state["step"] in (50, 99):
+        run.end_iteration(state["step"])
+    assert not (run.dir / "checkpoint.pt").exists()
+    state["step"] = 130
+    run.end_iteration(130)  # crossed 100: written; the next one is due at 200
+    assert torch.load(run.dir / "checkpoint.pt", weights_only=False)["global_step"] == 130
+    state["step"] = 190
+    run.end_iteration(190)
+    assert torch.load(run.dir / "checkpoint.pt", weights_only=False)["global_step"] == 130
+    state["step"] = 195
+    with pytest.raises(SystemExit) as exit_info:
+        run.log(195, {"losses/td_loss": torch.tensor(float("nan")), "losses/explained_variance": float("nan")})
+    assert exit_info.value.code == errors.EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "losses/td_loss is nan at step 195; checkpoint written to" in err[0]
+    saved = torch.load(run.dir / "checkpoint.pt", weights_only=False)
+    assert (
+        saved["script"] == "fake" and saved["global_step"] == 195 and torch.equal(saved["weights"], torch.ones(2) * 195)
+    )
+    run.close()
+
+
+def test_check_fits_refuses_what_the_device_cannot_hold(capsys):
+    errors.check_fits(1_000_000, "cpu", "replay buffer", "--buffer-size")
+    with pytest.raises(SystemExit):
+        errors.check_fits(10**15, "cpu", "replay buffer", "--buffer-size")
+    err = capsys.readouterr().err
+    assert "--buffer-size: the replay buffer needs 1000000.0 GB but cpu has" in err and "lower --buffer-size" in err
 
 
 def test_check_env_id_suggests_near_ids(capsys):
@@ -156,7 +221,7 @@ def test_env_snapshot_continues_exactly_across_resets(env_id, action_shape):
     original.reset(seed=3)
     for _ in range(120):
         original.step(sample())
-    restored = checkpoint.restore_envs(make_vec(), checkpoint.snapshot_envs(original))
+    restored, _ = checkpoint.restore_envs(make_vec(), checkpoint.snapshot_envs(original))
     episodes = 0
     for step in range(1500):
         action = sample()
