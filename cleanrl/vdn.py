@@ -1,63 +1,35 @@
 """VDN: value-decomposition networks for cooperative multi-agent deep RL.
 
 Sunehag et al. 2018, "Value-Decomposition Networks For Cooperative Multi-Agent Learning"
-(https://arxiv.org/abs/1706.05296). Every agent acts greedily (epsilon-greedy while training) on its
-own Q-values; the team's Q_tot is the sum of the agents' chosen Q-values, trained by TD on the team
-reward. This file is qmix.py with the sum in place of QMIX's mixing network (the two repeat each
-other by design, so each reads alone).
+(https://arxiv.org/abs/1706.05296). Each agent acts epsilon-greedily on its own Q-values (one Q-network
+shared by all agents, fed [own observation, one-hot agent id]: an MLP, not a recurrent network, as MPE
+and VMAS observations need no memory); the team's Q_tot is the sum of the agents' chosen Q-values,
+trained by double-Q TD on the team reward (the sum of the agents' rewards). Adam at 5e-4 (EPyMARL's MPE
+setting), gradient norm 10, target network as in dqn.py. This file is qmix.py with the sum in place of
+QMIX's mixing network (the two repeat each other by design, so each reads alone).
 
-- One Q-network shared by all agents, input [own observation, one-hot agent id]. It is a plain MLP,
-  not a recurrent network: MPE and VMAS observations hold the agent's own position and velocity and
-  the relative positions of the landmarks and other agents, full enough that no memory is needed.
-- Team reward: the sum over agents of their per-agent rewards (the same sum that is logged as the
-  team return, charts/episodic_return).
-- Double-Q targets: y = r + gamma * (1 - terminated) * sum_i Q_target_i(o'_i, argmax_a Q_i(o'_i, a)),
-  the argmax taken by the online per-agent Q-network, evaluated by the target Q-network. A time-limit
-  truncation is bootstrapped: the buffer stores the true final observation of an ended episode.
-- Adam (learning rate 5e-4, as in EPyMARL's MPE configurations); gradients clipped to norm 10 (as in
-  QMIX); the target network follows dqn.py (`--tau 1`: a hard copy every `--target-network-frequency`
-  steps; below 1: Polyak averaging).
-
-Action space: Discrete, the same for every agent (`--continuous-actions` is refused: use maddpg.py,
-matd3.py or mappo.py). Environments: VMAS scenarios (`vmas/<scenario>`, torch-batched on the training
-device) and MPE tasks through mpe2 (`mpe/<task>`, PettingZoo parallel API, copies stepped on the host).
+Action space: Discrete, the same for every agent. Environments: VMAS scenarios (`vmas/<scenario>`,
+torch-batched on the training device) and mpe2 tasks (`mpe/<task>`). Neither simulator can be saved:
+`--resume` continues with freshly reset environments (networks, optimiser and replay buffer are kept).
 
     uv run python cleanrl/vdn.py --env-id mpe/simple_spread_v3
 
-On mpe/simple_spread_v3 (3 agents, 25-step episodes) a uniform random policy's team return is about
--80 (-79 +- 22 over 640 episodes); with benchmark/vdn.sh's settings (40k steps, 16 worlds, about 3-4
-minutes on a loaded core) seed 1 reached -65 (the mean of the last 5 logged returns, 8k steps); the
-3-seed numbers are in benchmark/results/vdn.md.
-
-Checkpoints hold the networks, the optimiser, the replay buffer, the RNGs and the counters. Neither
-VMAS nor mpe2 state can be serialised here, so `--resume` continues with freshly reset environments
-(the episodes that were running are lost; everything learned is kept).
+On mpe/simple_spread_v3 the team return goes from about -80 (a uniform random policy) to about -64
+within 40k steps with benchmark/vdn.sh's settings (benchmark/results/vdn.md).
 """
 
 import os
-import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from cleanrl_utils.checkpoint import (
-    CHECKPOINT_NAME,
-    StopSignal,
-    load_checkpoint,
-    load_model,
-    restore_rng_state,
-    save_checkpoint,
-    save_model,
-)
+from cleanrl_utils.checkpoint import load_model
 from cleanrl_utils.envs.multiagent import check_env_id, make_env
-from cleanrl_utils.errors import check_positive, fail
-from cleanrl_utils.progress import Progress
+from cleanrl_utils.errors import check_fits, check_positive, fail
 from cleanrl_utils.run import Run
 
 
@@ -132,8 +104,8 @@ class Args:
 
 
 def global_state(obs: torch.Tensor) -> torch.Tensor:
-    """The centralised critic's input: every agent's observation concatenated in agent order,
-    [num_envs, n_agents * obs_dim]. For MPE this is exactly mpe2's state(); VMAS has no state of its own."""
+    """The global state, the mixer's input (VDN's sum ignores it; kept so that the loop reads as in qmix.py):
+    every agent's observation concatenated in agent order, [..., n_agents * obs_dim]."""
     return obs.flatten(start_dim=-2)
 
 
@@ -172,62 +144,55 @@ class VDNMixer(nn.Module):
 # --- storage ----------------------------------------------------------------------------------------
 
 
-class ReplayBuffer:
-    """The last `buffer_size` transitions of single worlds, circular, as tensors on the training device.
+def transition_fields(n_agents: int, obs_dim: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """What the replay buffer stores per transition: each field's shape and dtype. The global state is
+    global_state(obs), so it is not stored; next_obs is the true final observation where an episode ended."""
+    return {
+        "obs": ((n_agents, obs_dim), torch.float32),
+        "actions": ((n_agents,), torch.long),
+        "rewards": ((), torch.float32),  # the team reward
+        "next_obs": ((n_agents, obs_dim), torch.float32),
+        "terminated": ((), torch.float32),
+    }
 
-    A transition: the agents' observations, their actions, the team reward, the termination flag and
-    the true next observations (the final ones where an episode ended). A step of all worlds is one
-    indexed write; a minibatch is one gather per field. The global state is global_state(obs).
-    """
+
+def replay_buffer_bytes(buffer_size: int, n_agents: int, obs_dim: int) -> int:
+    fields = transition_fields(n_agents, obs_dim).values()
+    return sum(buffer_size * torch.Size(shape).numel() * dtype.itemsize for shape, dtype in fields)
+
+
+class ReplayBuffer:
+    """The last `buffer_size` transitions of single worlds, circular, as named tensors on the training
+    device. A step of all worlds is one indexed write per field; a minibatch is one gather per field."""
 
     def __init__(self, buffer_size: int, num_envs: int, n_agents: int, obs_dim: int, device: torch.device):
         self.buffer_size = buffer_size
-        self.obs = torch.zeros((buffer_size, n_agents, obs_dim), device=device)
-        self.next_obs = torch.zeros((buffer_size, n_agents, obs_dim), device=device)
-        self.actions = torch.zeros((buffer_size, n_agents), dtype=torch.long, device=device)
-        self.rewards = torch.zeros(buffer_size, device=device)
-        self.terminated = torch.zeros(buffer_size, device=device)
+        self.fields = {
+            name: torch.zeros((buffer_size, *shape), dtype=dtype, device=device)
+            for name, (shape, dtype) in transition_fields(n_agents, obs_dim).items()
+        }
         self.offsets = torch.arange(num_envs, device=device)
         self.pos, self.size = 0, 0
 
-    def fields(self) -> dict[str, torch.Tensor]:
-        return {
-            "obs": self.obs,
-            "next_obs": self.next_obs,
-            "actions": self.actions,
-            "rewards": self.rewards,
-            "terminated": self.terminated,
-        }
-
-    def add(
-        self,
-        obs: torch.Tensor,
-        next_obs: torch.Tensor,
-        actions: torch.Tensor,
-        rewards: torch.Tensor,
-        terminated: torch.Tensor,
-    ) -> None:
+    def add(self, **transition: torch.Tensor) -> None:
+        """One transition per world: obs, actions, rewards, next_obs, terminated."""
         rows = (self.pos + self.offsets) % self.buffer_size
-        for field, value in zip(self.fields().values(), (obs, next_obs, actions, rewards, terminated)):
-            field[rows] = value.to(field.dtype)
+        for name, field in self.fields.items():
+            field[rows] = transition[name].to(field.dtype)
         self.pos = (self.pos + len(self.offsets)) % self.buffer_size
         self.size = min(self.size + len(self.offsets), self.buffer_size)
 
-    def sample(self, batch_size: int) -> tuple[torch.Tensor, ...]:
-        """A uniform minibatch (with replacement): obs, actions, rewards, next_obs, terminated."""
-        rows = torch.randint(self.size, (batch_size,), device=self.obs.device)
-        return self.obs[rows], self.actions[rows], self.rewards[rows], self.next_obs[rows], self.terminated[rows]
+    def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
+        """A uniform minibatch (with replacement), by field name."""
+        rows = torch.randint(self.size, (batch_size,), device=self.offsets.device)
+        return {name: field[rows] for name, field in self.fields.items()}
 
     def state_dict(self) -> dict:
-        return {
-            "pos": self.pos,
-            "size": self.size,
-            **{name: field[: self.size].cpu() for name, field in self.fields().items()},
-        }
+        return {"pos": self.pos, "size": self.size, **{name: f[: self.size].cpu() for name, f in self.fields.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.pos, self.size = state["pos"], state["size"]
-        for name, field in self.fields().items():
+        for name, field in self.fields.items():
             field[: self.size].copy_(state[name])
 
 
@@ -272,6 +237,8 @@ def double_q_target(
 
 # --- validation and evaluation --------------------------------------------------------------------------
 
+NO_VIDEO = "--capture-video is not supported: VMAS and MPE render through a display stack this script does not set up"
+
 
 def validate(args: Args) -> None:
     """Check the arguments before any work; fail in one line."""
@@ -288,15 +255,14 @@ def validate(args: Args) -> None:
         log_every=args.log_every,
         eval_episodes=args.eval_episodes,
     )
-    message = check_env_id(args.env_id)
-    if message:
-        fail(message)
+    check_env_id(args.env_id)
     if args.continuous_actions:
-        fail(f"{args.exp_name}.py needs discrete actions; for continuous actions use maddpg.py, matd3.py or mappo.py")
-    if args.capture_video:
         fail(
-            "--capture-video is not supported: VMAS and MPE render through a display stack this script does not set up"
+            f"{os.path.basename(__file__)} needs discrete actions; "
+            "for continuous actions use maddpg.py, matd3.py or mappo.py"
         )
+    if args.capture_video:
+        fail(NO_VIDEO)
     if args.max_episode_steps is not None and args.max_episode_steps <= 0:
         fail(f"--max-episode-steps must be positive, got {args.max_episode_steps}")
     if args.torch_threads < 0:
@@ -305,30 +271,40 @@ def validate(args: Args) -> None:
         fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
     if not 0 <= args.learning_starts < args.total_timesteps:
         fail(
-            f"--learning-starts must be in [0, --total-timesteps {args.total_timesteps}), got {args.learning_starts}: nothing would be learned"
+            f"--learning-starts must be in [0, --total-timesteps {args.total_timesteps}), "
+            f"got {args.learning_starts}: nothing would be learned"
         )
     if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
         fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
     if not 0 <= args.end_e <= args.start_e <= 1:
         fail(
-            f"epsilon must decay within [0, 1]: need 0 <= --end-e <= --start-e <= 1, got --start-e {args.start_e} --end-e {args.end_e}"
+            "epsilon must decay within [0, 1]: need 0 <= --end-e <= --start-e <= 1, "
+            f"got --start-e {args.start_e} --end-e {args.end_e}"
         )
     if not 0 < args.exploration_fraction <= 1:
         fail(f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
     if args.batch_size > args.buffer_size:
         fail(
-            f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch"
+            f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; "
+            "raise the buffer or lower the batch"
         )
     if args.num_envs > args.buffer_size:
         fail(
-            f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself"
+            f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: "
+            "one step would overwrite itself"
         )
+    probe = make_env(args.env_id, 1, torch.device("cpu"), args.seed, False, args.max_episode_steps)
+    check_envs(probe)
+    probe.close()
+    nbytes = replay_buffer_bytes(args.buffer_size, probe.n_agents, probe.obs_dim)
+    check_fits(nbytes, "cuda" if args.cuda and torch.cuda.is_available() else "cpu", "replay buffer", "--buffer-size")
 
 
-def check_envs(envs, exp_name: str) -> None:
+def check_envs(envs) -> None:
     if not envs.same_action_space:
         fail(
-            f"{exp_name}.py shares one Q-network across agents, but the agents of this scenario have different action spaces"
+            f"{os.path.basename(__file__)} shares one Q-network across agents, "
+            "but the agents of this scenario have different action spaces"
         )
 
 
@@ -342,19 +318,15 @@ def evaluate(
 ) -> list[float]:
     """Reload a model saved by this script and return the team returns of the first episode of
     `eval_episodes` worlds under the greedy policy."""
-    model = load_model(model_path, "vdn")
+    model = load_model(model_path, __file__)
     if capture_video:
-        fail(
-            "--capture-video is not supported: VMAS and MPE render through a display stack this script does not set up"
-        )
-    args = model["args"]
-    envs = make_env(model["env_id"], eval_episodes, device, seed, False, args["max_episode_steps"])
-    q_network = QNetwork(model["obs_dim"], model["n_agents"], model["num_actions"], args["hidden_dim"]).to(device)
-    q_network.load_state_dict(model["q_network"])
+        fail(NO_VIDEO)
+    envs = make_env(model["env_id"], eval_episodes, device, seed, False, model["args"]["max_episode_steps"])
+    q_network = QNetwork(model["obs_dim"], model["n_agents"], model["num_actions"], model["args"]["hidden_dim"])
+    q_network.to(device).load_state_dict(model["q_network"])
     returns = torch.full((eval_episodes,), torch.nan, device=device)
     obs = envs.reset()
-    # Every episode ends within the time limit: that many steps finish a first episode in every world.
-    for _ in range(args["max_episode_steps"] or (100 if model["env_id"].startswith("vmas/") else 25)):
+    for _ in range(envs.max_episode_steps):  # every world ends a first episode within the time limit
         obs, _, _, _, _, info = envs.step(select_actions(q_network, obs, 0.0, model["num_actions"]))
         first = info["done"] & returns.isnan()
         returns = torch.where(first, info["episode_return"].sum(1), returns)
@@ -365,32 +337,12 @@ def evaluate(
 if __name__ == "__main__":
     args = tyro.cli(Args)
     validate(args)
-    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
+    run = Run(args, __file__)  # seeds, picks the device, checks --resume, makes the run directory
+    device = run.device
     # A resumed run starts fresh environments (their state cannot be saved) on a seed of its own.
-    global_step = checkpoint["global_step"] if checkpoint else 0
-    envs = make_env(
-        args.env_id, args.num_envs, device, args.seed + global_step, args.continuous_actions, args.max_episode_steps
-    )
-    check_envs(envs, args.exp_name)
+    global_step = run.checkpoint["global_step"] if run.checkpoint else 0
+    envs = make_env(args.env_id, args.num_envs, device, args.seed + global_step, False, args.max_episode_steps)
     n_agents, obs_dim, num_actions = envs.n_agents, envs.obs_dim, envs.num_actions
-    stop = StopSignal()  # from here on, SIGTERM/SIGINT lead to a checkpoint and a clean exit
-
-    run = Run(
-        args,
-        run_dir=Path(args.resume).parent if checkpoint else None,
-        purge_step=global_step + 1 if checkpoint else None,
-        wandb_id=checkpoint["wandb_id"] if checkpoint else None,
-    )
-    writer = run.writer
 
     q_network = QNetwork(obs_dim, n_agents, num_actions, args.hidden_dim).to(device)
     mixer = VDNMixer().to(device)
@@ -402,96 +354,58 @@ if __name__ == "__main__":
     target_params = list(target_q_network.parameters()) + list(target_mixer.parameters())
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True)
     rb = ReplayBuffer(args.buffer_size, args.num_envs, n_agents, obs_dim, device)
-    # Finished episodes since the last log line: count, sum of team returns, sum of lengths, per-agent return sums.
-    episode_stats = torch.zeros(3 + n_agents, dtype=torch.float64, device=device)
-    # The td loss and the mean chosen Q_tot of the latest gradient step, read back only when logged.
-    losses = None
 
-    if checkpoint:
-        for name, module in [
-            ("q_network", q_network),
-            ("mixer", mixer),
-            ("target_q_network", target_q_network),
-            ("target_mixer", target_mixer),
-            ("optimizer", optimizer),
-            ("replay_buffer", rb),
-        ]:
-            module.load_state_dict(checkpoint[name])
-        episode_stats.copy_(checkpoint["episode_stats"])
-        losses = None if checkpoint["losses"] is None else tuple(t.to(device) for t in checkpoint["losses"])
-        restore_rng_state(checkpoint["rng"])
-        print(
-            f"resuming at step {global_step} with freshly reset environments (VMAS and mpe2 state cannot be saved)",
-            flush=True,
-        )
+    modules = dict(q_network=q_network, mixer=mixer, target_q_network=target_q_network, target_mixer=target_mixer)
+    if run.checkpoint:
+        for name, module in [*modules.items(), ("optimizer", optimizer), ("replay_buffer", rb)]:
+            module.load_state_dict(run.checkpoint[name])
+        print(f"resuming at step {global_step} with freshly reset environments (VMAS and mpe2 state cannot be saved)")
     next_obs = envs.reset()
 
-    def write_checkpoint() -> Path:
-        path = run.dir / CHECKPOINT_NAME
-        writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(
-            path,
-            args,
-            global_step=global_step,
-            q_network=q_network.state_dict(),
-            mixer=mixer.state_dict(),
-            target_q_network=target_q_network.state_dict(),
-            target_mixer=target_mixer.state_dict(),
+    def training_state() -> dict:
+        """What a checkpoint holds; resuming reads back each of these."""
+        return dict(
+            **{name: module.state_dict() for name, module in modules.items()},
             optimizer=optimizer.state_dict(),
             replay_buffer=rb.state_dict(),
-            episode_stats=episode_stats.cpu(),
-            losses=None if losses is None else tuple(t.detach().cpu() for t in losses),
-            wandb_id=run.wandb_id,
+            global_step=global_step,
         )
-        return path
 
-    progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (
-        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
-    )
+    run.begin(training_state)
     exploration_steps = args.exploration_fraction * args.total_timesteps
-    start_time, start_step, iteration = time.time(), global_step, 0
-
+    log_steps = args.log_every * args.num_envs
+    latest_losses = {}  # of the latest gradient step, logged when due (none yet after a start or a resume)
     while global_step < args.total_timesteps:
-        iteration += 1
         # Act: epsilon-greedy per agent; everything stays on the device (MPE copies to the host inside step()).
         epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
         obs = next_obs
         actions = select_actions(q_network, obs, epsilon, num_actions)
-        next_obs, rewards, terminated, truncated, final_obs, info = envs.step(actions)
+        next_obs, rewards, terminated, _, final_obs, _ = envs.step(actions)
         previous_step, global_step = global_step, global_step + args.num_envs
-        rb.add(obs, final_obs, actions, rewards.sum(1), terminated)
-        done = info["done"].double()
-        team_returns = info["episode_return"].double()
-        episode_stats += torch.cat(
-            [
-                torch.stack([done.sum(), (team_returns.sum(1) * done).sum(), (info["episode_length"] * done).sum()]),
-                (team_returns * done.unsqueeze(1)).sum(0),
-            ]
-        )
+        rb.add(obs=obs, actions=actions, rewards=rewards.sum(1), next_obs=final_obs, terminated=terminated)
 
         # Learn: one gradient step every `train_frequency` environment steps, after `learning_starts` steps.
         if global_step > args.learning_starts:
             for _ in range(global_step // args.train_frequency - previous_step // args.train_frequency):
-                obs_b, actions_b, rewards_b, next_obs_b, terminated_b = rb.sample(args.batch_size)
+                batch = rb.sample(args.batch_size)
                 with torch.no_grad():
                     target = double_q_target(
-                        rewards_b,
-                        terminated_b,
-                        q_network(next_obs_b),
-                        target_q_network(next_obs_b),
-                        global_state(next_obs_b),
+                        batch["rewards"],
+                        batch["terminated"],
+                        q_network(batch["next_obs"]),
+                        target_q_network(batch["next_obs"]),
+                        global_state(batch["next_obs"]),
                         target_mixer,
                         args.gamma,
                     )
-                chosen_q = q_network(obs_b).gather(-1, actions_b.unsqueeze(-1)).squeeze(-1)
-                q_tot = mixer(chosen_q, global_state(obs_b))
+                chosen_q = q_network(batch["obs"]).gather(-1, batch["actions"].unsqueeze(-1)).squeeze(-1)
+                q_tot = mixer(chosen_q, global_state(batch["obs"]))
                 loss = F.mse_loss(q_tot, target)
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                 optimizer.step()
-                losses = (loss.detach(), q_tot.detach().mean())
+                latest_losses = {"losses/td_loss": loss.detach(), "losses/q_values": q_tot.detach().mean()}
 
             # Update the target networks: a copy with tau = 1, Polyak averaging below.
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:
@@ -499,59 +413,22 @@ if __name__ == "__main__":
                     for target_param, param in zip(target_params, params):
                         target_param.lerp_(param, args.tau)
 
-        # Logging: one device-to-host read every --log-every iterations (and at the end).
-        last = global_step >= args.total_timesteps or bool(stop)
-        if iteration % args.log_every == 0 or last:
-            stats = episode_stats.tolist()
-            episode_stats.zero_()
-            finished = stats[0]
-            if finished > 0:  # the mean over the episodes that ended since the last log line
-                writer.add_scalar("charts/episodic_return", stats[1] / finished, global_step)
-                writer.add_scalar("charts/episodic_length", stats[2] / finished, global_step)
-                for agent in range(n_agents):
-                    writer.add_scalar(f"charts/episodic_return_agent{agent}", stats[3 + agent] / finished, global_step)
-                progress.add_returns([stats[1] / finished])
-            if losses is not None:
-                for name, value in zip(["losses/td_loss", "losses/q_values"], torch.stack(losses).tolist()):
-                    writer.add_scalar(name, value, global_step)
-                    if not np.isfinite(value):
-                        path = write_checkpoint()
-                        fail(f"{name} is {value} at step {global_step}; checkpoint written to {path}")
-            writer.add_scalar("charts/epsilon", epsilon, global_step)
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
-            progress.update(global_step)
+        # Log every --log-every steps of all worlds (and at the end), checkpoint when due.
+        if global_step // log_steps > previous_step // log_steps or global_step >= args.total_timesteps:
+            scalars = {"charts/epsilon": epsilon, "charts/learning_rate": optimizer.param_groups[0]["lr"]}
+            if (episodes := envs.read_episodes()) is not None:  # the means over the episodes since the last log
+                run.log_episodes(global_step, returns=[episodes.team_return], lengths=[episodes.length])
+                scalars |= episodes.agent_scalars()
+            run.log(global_step, {**scalars, **latest_losses})
+        run.end_iteration(global_step)
 
-        if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
-            path = write_checkpoint()
-            if next_checkpoint is not None:
-                next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every
-            if stop:
-                print(f"\n{stop.received}: checkpoint written to {path}; continue with --resume {path}", flush=True)
-                envs.close()
-                run.close()
-                raise SystemExit(0)
-
-    progress.close(global_step)
     envs.close()
-
-    if args.save_model:
-        model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(
-            model_path,
-            args,
-            q_network=q_network.state_dict(),
-            mixer=mixer.state_dict(),
-            n_agents=n_agents,
-            obs_dim=obs_dim,
-            num_actions=num_actions,
-        )
-        print(f"model saved to {model_path}")
-        episodic_returns = evaluate(model_path, args.eval_episodes, device, seed=args.seed + 1_000)
-        for idx, episodic_return in enumerate(episodic_returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(
-            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
-        )
-
-    run.close()
+    run.finish(
+        global_step,
+        evaluate,
+        q_network=q_network.state_dict(),
+        mixer=mixer.state_dict(),
+        n_agents=n_agents,
+        obs_dim=obs_dim,
+        num_actions=num_actions,
+    )

@@ -181,24 +181,28 @@ def test_double_q_targets_match_a_hand_computation():
     assert got[1].item() == -2.0
 
 
-def test_replay_buffer_wraps_and_round_trips():
-    rb = qmix.ReplayBuffer(5, 2, 3, 4, torch.device("cpu"))
+@pytest.mark.parametrize("algo", ["qmix", "vdn"])
+def test_replay_buffer_wraps_and_round_trips(algo):
+    module = MODULES[algo]
+    rb = module.ReplayBuffer(5, 2, 3, 4, torch.device("cpu"))
     for step in range(4):  # 8 transitions into 5 rows: the last two steps overwrite rows 0, 1, 2
         obs = torch.full((2, 3, 4), float(step)) + torch.tensor([0.0, 0.5]).view(2, 1, 1)
-        rb.add(obs, obs + 100, torch.full((2, 3), step), torch.tensor([step, -step]), torch.tensor([False, True]))
+        actions, rewards = torch.full((2, 3), step), torch.tensor([step, -step])
+        rb.add(obs=obs, actions=actions, rewards=rewards, next_obs=obs + 100, terminated=torch.tensor([False, True]))
+    fields = rb.fields
     assert (rb.pos, rb.size) == (3, 5)
-    assert rb.obs[:, 0, 0].tolist() == [2.5, 3.0, 3.5, 1.5, 2.0] and rb.rewards[:3].tolist() == [-2.0, 3.0, -3.0]
-    assert rb.actions.dtype == torch.long and rb.actions[:, 0].tolist() == [2, 3, 3, 1, 2]
-    assert rb.terminated.tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
-    obs_b, actions_b, rewards_b, next_obs_b, terminated_b = rb.sample(64)
-    assert obs_b.shape == (64, 3, 4) and actions_b.shape == (64, 3) and torch.equal(next_obs_b, obs_b + 100)
-    copy = qmix.ReplayBuffer(5, 2, 3, 4, torch.device("cpu"))
+    assert fields["obs"][:, 0, 0].tolist() == [2.5, 3.0, 3.5, 1.5, 2.0]
+    assert fields["rewards"][:3].tolist() == [-2.0, 3.0, -3.0]
+    assert fields["actions"].dtype == torch.long and fields["actions"][:, 0].tolist() == [2, 3, 3, 1, 2]
+    assert fields["terminated"].tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
+    batch = rb.sample(64)
+    assert batch["obs"].shape == (64, 3, 4) and batch["actions"].shape == (64, 3)
+    assert torch.equal(batch["next_obs"], batch["obs"] + 100)
+    assert module.replay_buffer_bytes(5, 3, 4) == sum(field.nbytes for field in fields.values())
+    copy = module.ReplayBuffer(5, 2, 3, 4, torch.device("cpu"))
     copy.load_state_dict(rb.state_dict())
-    assert (
-        (copy.pos, copy.size) == (rb.pos, rb.size)
-        and torch.equal(copy.obs, rb.obs)
-        and torch.equal(copy.actions, rb.actions)
-    )
+    assert (copy.pos, copy.size) == (rb.pos, rb.size)
+    assert all(torch.equal(copy.fields[name], field) for name, field in fields.items())
 
 
 def test_epsilon_greedy_is_per_agent():
@@ -264,9 +268,11 @@ def test_agents_with_different_action_spaces_are_refused(capsys):
     class Envs:
         same_action_space = False
 
-    with pytest.raises(SystemExit):
-        qmix.check_envs(Envs(), "qmix")
-    assert "different action spaces" in capsys.readouterr().err
+    for module in (qmix, vdn):
+        with pytest.raises(SystemExit):
+            module.check_envs(Envs())
+        err = capsys.readouterr().err
+        assert f"{module.__name__}.py shares one Q-network" in err and "different action spaces" in err
 
 
 @pytest.mark.parametrize("algo", ["qmix", "vdn"])
@@ -285,6 +291,13 @@ def test_bad_input_exits_before_any_work(workdir, algo):
     )
 
 
+@pytest.mark.parametrize("algo", ["qmix", "vdn"])
+def test_a_replay_buffer_that_cannot_fit_is_refused_before_any_work(workdir, algo):
+    # 10^12 transitions: 3 agents x 18 floats twice, 3 int64 actions, a float reward and flag: 464 bytes each.
+    result = run_script(SCRIPTS[algo], "--buffer-size", "1000000000000", "--no-cuda", cwd=workdir)
+    assert_bad_input(result, workdir, "--buffer-size: the replay buffer needs 464000.0 GB", "lower --buffer-size")
+
+
 # --- smoke runs -----------------------------------------------------------------------------------
 
 
@@ -301,8 +314,15 @@ def test_smoke_writes_team_and_agent_returns_and_losses(workdir, algo, env_id):
     assert_finite_keys(scalars, KEYS + agent_keys)
     assert f"charts/episodic_return_agent{n_agents}" not in scalars
     # The team return is the sum of the agents' returns (each logged value averages the same episodes).
-    for (step, team), *agents in zip(scalars["charts/episodic_return"], *(scalars[k] for k in agent_keys)):
+    assert_finite_keys(scalars, ["charts/episodic_return_mean_agent"])
+    series = zip(
+        scalars["charts/episodic_return"],
+        scalars["charts/episodic_return_mean_agent"],
+        *(scalars[k] for k in agent_keys),
+    )
+    for (step, team), (mean_step, mean_agent), *agents in series:
         assert team == pytest.approx(sum(value for _, value in agents), rel=1e-4, abs=1e-3)
+        assert mean_step == step and mean_agent == pytest.approx(team / n_agents, rel=1e-4, abs=1e-3)
     lengths = [value for _, value in scalars["charts/episodic_length"]]
     if env_id.startswith("mpe/"):
         assert all(value == 25 for value in lengths)  # MPE episodes only end at the time limit
@@ -319,9 +339,7 @@ def test_smoke_writes_team_and_agent_returns_and_losses(workdir, algo, env_id):
         from cleanrl_utils.evaluate import evaluate_model
 
         model, returns = evaluate_model(run_dir, episodes=3, seed=5, cuda=False)  # the generic entry point
-        assert (
-            model["exp_name"] == algo and len(returns) == 3 and all(r < 0 for r in returns)
-        )  # simple_spread: distances
+        assert model["script"] == algo and len(returns) == 3 and all(r < 0 for r in returns)  # distances
 
 
 # --- checkpoints, SIGTERM and resume -------------------------------------------------------------------
