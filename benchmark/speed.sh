@@ -4,11 +4,15 @@
 # (charts/SPS: steps / seconds since the training loop's set-up), and steps / process wall time.
 # Usage: bash benchmark/speed.sh [label [name ...]]   -> appends rows to benchmark/results/speed_log.md
 #   names: ppo dqn sac td3 ddpg ppo_continuous_action (default: all of them, one after another)
+# SCRIPTS_ROOT=DIR runs DIR's cleanrl/ and cleanrl_utils/ instead (a `git worktree` of an older commit, for a
+# before/after comparison: see benchmark/speed_ab.sh); OFF_POLICY_STEPS sets the SAC/TD3/DDPG length (default 15000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 uv sync --all-extras --quiet
 label=${1:-}
+scripts_root=${SCRIPTS_ROOT:-$root}
+off_policy_steps=${OFF_POLICY_STEPS:-15000}
 out=benchmark/results/speed_log.md  # raw rows; benchmark/results/speed.md is the curated table
 [ -f "$out" ] || printf '| command | steps | wall time (s) | SPS, whole process | SPS, logged by the script | peak memory (MB) | note |\n|---|---|---|---|---|---|---|\n' > "$out"
 
@@ -16,7 +20,8 @@ measure() {
     local steps=$1; shift
     local tmp; tmp=$(mktemp -d)
     # Run in a scratch folder so runs/ of the benchmark tables is not touched.
-    ( cd "$tmp" && /usr/bin/time -f "%e %M" -o "$tmp/time" "$root/.venv/bin/python" "$root/$1" "${@:2}" \
+    ( cd "$tmp" && PYTHONPATH="$scripts_root" /usr/bin/time -f "%e %M" -o "$tmp/time" "$root/.venv/bin/python" \
+        "$scripts_root/$1" "${@:2}" \
         --total-timesteps "$steps" > "$tmp/log" 2>&1 )
     read -r wall rss < "$tmp/time"
     local logged; logged=$("$root/.venv/bin/python" - "$tmp" <<'PY'
@@ -39,7 +44,7 @@ names=("${@:2}")
 for name in "${names[@]}"; do
     case $name in
         ppo | dqn) measure 100000 "cleanrl/$name.py" --env-id CartPole-v1 ;;
-        sac | td3 | ddpg) measure 15000 "cleanrl/${name}_continuous_action.py" --env-id Pendulum-v1 --learning-starts 5000 ;;
+        sac | td3 | ddpg) measure "$off_policy_steps" "cleanrl/${name}_continuous_action.py" --env-id Pendulum-v1 --learning-starts 5000 ;;
         ppo_continuous_action) MUJOCO_GL=egl measure 50000 cleanrl/ppo_continuous_action.py --env-id Hopper-v5 ;;
         *) echo "unknown name: $name" >&2; exit 2 ;;
     esac
