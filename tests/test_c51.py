@@ -42,15 +42,16 @@ C51_KEYS = [
 
 
 def test_smoke_writes_finite_scalars_and_evaluates_saved_model(workdir):
-    result = run_script(
-        "c51.py", *TINY, "--total-timesteps", "600", "--save-model", "--eval-episodes", "2", cwd=workdir
-    )
+    flags = [*TINY, "--total-timesteps", "600", "--save-model", "--eval-episodes", "2", "--exp-name", "mine"]
+    result = run_script("c51.py", *flags, cwd=workdir)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     scalars = read_scalars(run_dir)
     assert_finite_keys(scalars, C51_KEYS + ["eval/episodic_return"])
     assert len(scalars["eval/episodic_return"]) == 2
-    assert (run_dir / "c51.cleanrl_model").is_file() and (run_dir / "args.json").is_file()
+    # Any --exp-name names the files; the model still says which script saved it.
+    assert torch.load(run_dir / "mine.cleanrl_model", weights_only=False)["script"] == "c51"
+    assert (run_dir / "args.json").is_file()
     assert "600/600 steps" in result.stdout  # the progress display's final line
 
 
@@ -171,10 +172,29 @@ def test_q_values_are_the_means_and_select_actions_is_greedy_on_them():
         (["--v-min", "5", "--v-max", "5"], ["--v-min must be below --v-max"]),
         (["--n-atoms", "1"], ["--n-atoms must be at least 2"]),
         (["--buffer-size", "64", "--batch-size", "128"], ["--batch-size 128 is larger than --buffer-size 64"]),
+        # 10**12 transitions of 11 float32s: 44,000 GB, refused before allocating (and before the run directory).
+        (
+            ["--buffer-size", "1000000000000"],
+            ["--buffer-size: the replay buffer needs 44000.0 GB", "lower --buffer-size"],
+        ),
     ],
 )
 def test_bad_input_fails_in_one_line(workdir, flags, fragments):
     assert_bad_input(run_script("c51.py", *flags, cwd=workdir), workdir, *fragments)
+
+
+def test_resume_and_evaluate_reject_a_dqn_checkpoint_and_model(workdir, capsys):
+    from cleanrl_utils.checkpoint import CHECKPOINT_FORMAT, MODEL_FORMAT
+
+    path = workdir / "dqn.pt"
+    args = {"exp_name": "dqn", "env_id": "CartPole-v1"}
+    torch.save({"format": CHECKPOINT_FORMAT, "script": "dqn", "env_id": "CartPole-v1", "args": args}, path)
+    assert_bad_input(run_script("c51.py", "--resume", str(path), cwd=workdir), workdir, "written by dqn.py, not c51.py")
+    # A DQN model has a q_network too, of another shape: evaluate() refuses it by its script, in one line.
+    torch.save({"format": MODEL_FORMAT, "script": "dqn", "env_id": "CartPole-v1", "args": args}, path)
+    with pytest.raises(SystemExit) as exit_info:
+        c51.evaluate(path, 1, torch.device("cpu"))
+    assert exit_info.value.code == 2 and "saved by dqn.py, not c51.py" in capsys.readouterr().err
 
 
 # --- checkpoints and resume ------------------------------------------------------------------
@@ -217,8 +237,11 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     resumed = run_script("c51.py", *RESUME_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
     assert resumed.returncode == 0, resumed.stderr
     assert run_dirs(workdir) == [run_dir], "resume must continue the same run directory"
-    assert episodic_returns(run_dir) == episodic_returns(straight_run)
-    assert read_scalars(run_dir)["losses/loss"] == read_scalars(straight_run)["losses/loss"]
+    assert "next_log" not in checkpoint and "losses" not in checkpoint  # no logging state in checkpoints
+    # Whole curves, exactly: every log after the resume follows a post-resume gradient step (one per vector step).
+    resumed_scalars, straight_scalars = read_scalars(run_dir), read_scalars(straight_run)
+    for key in ("charts/episodic_return", "losses/loss", "losses/q_values", "charts/epsilon"):
+        assert resumed_scalars[key] == straight_scalars[key], key
     resumed_weights, straight_weights = model_weights(run_dir), model_weights(straight_run)
     assert resumed_weights.keys() == straight_weights.keys()
     for key in straight_weights:

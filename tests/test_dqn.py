@@ -4,6 +4,9 @@ checkpoints and resume, learning."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import dqn
@@ -12,12 +15,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
+    ROOT,
     assert_bad_input,
     assert_finite_keys,
     kill_at_first_checkpoint,
     read_scalars,
     run_dirs,
     run_script,
+    script_env,
     sigterm_while_training,
 )
 
@@ -46,16 +51,39 @@ DQN_KEYS = [
 
 
 def test_smoke_writes_finite_scalars_and_evaluates_saved_model(workdir):
-    result = run_script(
-        "dqn.py", *TINY, "--total-timesteps", "600", "--save-model", "--eval-episodes", "2", cwd=workdir
-    )
+    flags = [*TINY, "--total-timesteps", "600", "--save-model", "--eval-episodes", "2", "--exp-name", "mine"]
+    result = run_script("dqn.py", *flags, cwd=workdir)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(workdir)
     scalars = read_scalars(run_dir)
     assert_finite_keys(scalars, DQN_KEYS + ["eval/episodic_return"])
     assert len(scalars["eval/episodic_return"]) == 2
-    assert (run_dir / "dqn.cleanrl_model").is_file() and (run_dir / "args.json").is_file()
+    # Any --exp-name names the files; the model still says which script saved it.
+    assert torch.load(run_dir / "mine.cleanrl_model", weights_only=False)["script"] == "dqn"
+    assert (run_dir / "args.json").is_file()
     assert "600/600 steps" in result.stdout  # the progress display's final line
+
+
+def test_a_renamed_copy_evaluates_and_resumes_its_own_files_and_dqn_refuses_them(tmp_path):
+    copy = tmp_path / "my_dqn.py"
+    shutil.copy(ROOT / "cleanrl" / "dqn.py", copy)
+    flags = [*TINY, "--total-timesteps", "400", "--checkpoint-every", "200", "--save-model", "--eval-episodes", "1"]
+
+    def run_copy(*extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(copy), *flags, *extra]
+        return subprocess.run(command, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300)
+
+    result = run_copy()
+    assert result.returncode == 0, result.stderr
+    assert "evaluation over 1 episodes" in result.stdout  # its evaluate() reloaded the model it saved
+    (run_dir,) = run_dirs(tmp_path)
+    assert torch.load(run_dir / "my_dqn.cleanrl_model", weights_only=False)["script"] == "my_dqn"
+    checkpoint = str(run_dir / "checkpoint.pt")
+    resumed = run_copy("--resume", checkpoint)
+    assert resumed.returncode == 0 and "evaluation over 1 episodes" in resumed.stdout, resumed.stderr
+    assert run_dirs(tmp_path) == [run_dir]
+    refused = run_script("dqn.py", *flags, "--resume", checkpoint, cwd=tmp_path)
+    assert refused.returncode == 2 and "written by my_dqn.py, not dqn.py" in refused.stderr, refused.stderr
 
 
 # --- the maths -------------------------------------------------------------------------------
@@ -138,20 +166,19 @@ def test_buffer_stores_the_true_final_observation_of_a_truncated_episode():
     )
     actions = [0, 1, 0, 1, 0, 1, 0]  # keeps the pole up: the 5th step truncates, nothing terminates
     rb, returned_obs = fill_from_rollout("CartPoleFiveSteps-v1", actions)
-    d = 4
     for env_index in range(2):
         reference = reference_observations("CartPoleFiveSteps-v1", actions, seed=3 + env_index)
         assert len(reference) == 6  # reset + 5 steps, truncated
-        rows = rb.data[env_index : 7 * 2 : 2]  # the env's transitions, in step order
-        truncated_row = rows[4]
-        np.testing.assert_array_equal(truncated_row[d : 2 * d].numpy(), reference[5])  # the true final observation
-        assert not np.allclose(truncated_row[d : 2 * d].numpy(), returned_obs[4][env_index])  # not the reset one
-        assert truncated_row[2 * d + 2].item() == 0.0  # a truncation is not a termination: it bootstraps
+        rows = slice(env_index, 7 * 2, 2)  # the env's transitions, in step order
+        obs, next_obs = rb.obs[rows].numpy(), rb.next_obs[rows].numpy()
+        np.testing.assert_array_equal(next_obs[4], reference[5])  # the true final observation
+        assert not np.allclose(next_obs[4], returned_obs[4][env_index])  # not the reset one
+        assert rb.terminations[rows][4].item() == 0.0  # a truncation is not a termination: it bootstraps
         # Within the episode next_obs is the following obs; the next episode starts from the reset obs.
-        for t in range(4):
-            np.testing.assert_array_equal(rows[t, d : 2 * d].numpy(), rows[t + 1, :d].numpy())
-        np.testing.assert_array_equal(rows[5, :d].numpy(), returned_obs[4][env_index])
-        np.testing.assert_array_equal(rows[:5, 2 * d].numpy(), actions[:5])
+        np.testing.assert_array_equal(next_obs[:4], obs[1:5])
+        np.testing.assert_array_equal(obs[5], returned_obs[4][env_index])
+        np.testing.assert_array_equal(rb.actions[rows][:5].numpy(), actions[:5])
+        np.testing.assert_array_equal(rb.rewards[rows].numpy(), 1.0)
     assert rb.size == rb.pos == 14
 
 
@@ -160,11 +187,10 @@ def test_buffer_stores_terminations_with_the_terminal_observation():
     rb, _ = fill_from_rollout("CartPole-v1", actions, num_envs=1, seed=0)
     reference = reference_observations("CartPole-v1", actions, seed=0)
     t = len(reference) - 2  # index of the terminating transition
-    row = rb.data[t]  # obs 0:4 | next_obs 4:8 | action 8 | reward 9 | termination 10
-    assert row[10].item() == 1.0 and rb.data[:t, 10].eq(0).all()
-    np.testing.assert_array_equal(row[4:8].numpy(), reference[-1])
-    assert abs(row[4 + 2].item()) > 0.2095  # the pole angle of the terminal state, past the limit
-    assert rb.data[t + 1, 10].item() == 0.0 and abs(rb.data[t + 1, 2].item()) < 0.05  # then a fresh episode
+    assert rb.terminations[t].item() == 1.0 and rb.terminations[:t].eq(0).all()
+    np.testing.assert_array_equal(rb.next_obs[t].numpy(), reference[-1])
+    assert abs(rb.next_obs[t, 2].item()) > 0.2095  # the pole angle of the terminal state, past the limit
+    assert rb.terminations[t + 1].item() == 0.0 and abs(rb.obs[t + 1, 2].item()) < 0.05  # then a fresh episode
 
 
 def test_buffer_wraps_around_and_samples_what_it_holds():
@@ -173,7 +199,8 @@ def test_buffer_wraps_around_and_samples_what_it_holds():
         obs = np.array([[2 * step], [2 * step + 1]], dtype=np.float32)
         rb.add(obs, obs + 100, np.array([0, 1]), np.array([1.0, 2.0]), np.array([False, True]), {})
     assert rb.size == 5 and rb.pos == 3
-    assert sorted(rb.data[:, 0].tolist()) == [3, 4, 5, 6, 7]
+    assert rb.obs[:, 0].tolist() == [5, 6, 7, 3, 4]  # slots 0-2 hold the last step and a half
+    assert rb.actions.tolist() == [1, 0, 1, 1, 0] and rb.terminations.tolist() == [1, 0, 1, 1, 0]
     obs, next_obs, actions, rewards, terminations = rb.sample(64)
     assert obs.shape == (64, 1) and actions.dtype == torch.long
     assert set(obs[:, 0].tolist()) <= {3, 4, 5, 6, 7}
@@ -184,6 +211,7 @@ def test_buffer_wraps_around_and_samples_what_it_holds():
     restored = dqn.ReplayBuffer(5, 2, 1, torch.device("cpu"))
     restored.load_state_dict(state)
     assert torch.equal(restored.data, rb.data) and (restored.pos, restored.size) == (3, 5)
+    assert torch.equal(restored.next_obs, rb.obs + 100)  # the named views see the restored data
 
 
 # --- bad input -------------------------------------------------------------------------------
@@ -196,20 +224,24 @@ def test_buffer_wraps_around_and_samples_what_it_holds():
         (["--buffer-size", "64", "--batch-size", "128"], ["--batch-size 128 is larger than --buffer-size 64"]),
         (["--total-timesteps", "0"], ["--total-timesteps must be positive"]),
         (["--start-e", "0.1", "--end-e", "0.5"], ["--end-e", "--start-e"]),
+        # 10**12 transitions of 11 float32s: 44,000 GB, refused before allocating (and before the run directory).
+        (
+            ["--buffer-size", "1000000000000"],
+            ["--buffer-size: the replay buffer needs 44000.0 GB", "lower --buffer-size"],
+        ),
     ],
 )
 def test_bad_input_fails_in_one_line(workdir, flags, fragments):
     assert_bad_input(run_script("dqn.py", *flags, cwd=workdir), workdir, *fragments)
 
 
-def test_resume_rejects_a_ppo_checkpoint(tmp_path):
-    ppo_dir, dqn_dir = tmp_path / "ppo", tmp_path / "dqn"
-    ppo_dir.mkdir(), dqn_dir.mkdir()
-    result = run_script("ppo.py", "--total-timesteps", "512", "--checkpoint-every", "512", cwd=ppo_dir)
-    assert result.returncode == 0, result.stderr
-    (ppo_run,) = run_dirs(ppo_dir)
-    resumed = run_script("dqn.py", "--resume", str(ppo_run / "checkpoint.pt"), cwd=dqn_dir)
-    assert_bad_input(resumed, dqn_dir, "written by ppo.py, not dqn.py")
+def test_resume_rejects_a_ppo_checkpoint(workdir):
+    from cleanrl_utils.checkpoint import CHECKPOINT_FORMAT
+
+    path = workdir / "ppo.pt"
+    args = {"exp_name": "ppo", "env_id": "CartPole-v1"}
+    torch.save({"format": CHECKPOINT_FORMAT, "script": "ppo", "env_id": "CartPole-v1", "args": args}, path)
+    assert_bad_input(run_script("dqn.py", "--resume", str(path), cwd=workdir), workdir, "written by ppo.py, not dqn.py")
 
 
 def test_non_finite_loss_writes_a_checkpoint_then_fails_naming_loss_and_step(workdir):
@@ -273,7 +305,11 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(workdir, straight_
     resumed = run_script("dqn.py", *RESUME_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
     assert resumed.returncode == 0, resumed.stderr
     assert run_dirs(workdir) == [run_dir], "resume must continue the same run directory"
-    assert episodic_returns(run_dir) == episodic_returns(straight_run)
+    assert "next_log" not in checkpoint and "losses" not in checkpoint  # no logging state in checkpoints
+    # Whole curves, exactly: every log after the resume follows a post-resume gradient step (one per vector step).
+    resumed_scalars, straight_scalars = read_scalars(run_dir), read_scalars(straight_run)
+    for key in ("charts/episodic_return", "losses/td_loss", "losses/q_values", "charts/epsilon"):
+        assert resumed_scalars[key] == straight_scalars[key], key
     assert_same_weights(model_weights(run_dir), model_weights(straight_run))
 
 
