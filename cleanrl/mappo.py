@@ -155,7 +155,9 @@ def validate(args: Args) -> None:
             f"got {args.gamma}, {args.gae_lambda} and {args.value_norm_beta}"
         )
     if args.capture_video:
-        fail("--capture-video is not supported by mappo.py: VMAS renders through pyglet, which needs a display")
+        fail(
+            f"--capture-video is not supported by {os.path.basename(__file__)}: VMAS renders through pyglet (a display)"
+        )
     rollout = args.num_envs * args.num_steps
     if rollout % args.num_minibatches != 0:
         fail(
@@ -180,7 +182,7 @@ def check_action_spaces(envs, env_id: str) -> None:
     if not envs.same_action_space:
         fail(
             f"{env_id}: the agents have different action spaces ({', '.join(map(str, envs.action_spaces))}); "
-            "mappo.py shares one policy across agents and needs one action space"
+            f"{os.path.basename(__file__)} shares one policy across agents and needs one action space"
         )
 
 
@@ -321,11 +323,12 @@ def compute_gae(
     bootstrap = 1.0 - terminations
     episode_continues = 1.0 - torch.maximum(terminations, truncations)
     deltas = rewards + gamma * next_values * bootstrap - values
-    decays = (gamma * gae_lambda * episode_continues).expand_as(deltas)
-    advantages = [deltas[-1]]
-    for delta, decay in zip(reversed(deltas[:-1].unbind(0)), reversed(decays[:-1].unbind(0))):
-        advantages.append(torch.addcmul(delta, decay, advantages[-1]))
-    return torch.stack(advantages[::-1])
+    advantages = torch.zeros_like(rewards)
+    last_advantage = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        last_advantage = deltas[t] + gamma * gae_lambda * episode_continues[t] * last_advantage
+        advantages[t] = last_advantage
+    return advantages
 
 
 def make_agent(envs, args: Args | dict, device: torch.device) -> Agent:
@@ -348,7 +351,9 @@ def evaluate(
     first episode of `eval_episodes` fresh environments, under the greedy policy (mean action,
     clipped to the bounds; or the most likely action)."""
     if capture_video:
-        fail("--capture-video is not supported by mappo.py: VMAS renders through pyglet, which needs a display")
+        fail(
+            f"--capture-video is not supported by {os.path.basename(__file__)}: VMAS renders through pyglet (a display)"
+        )
     model = load_model(model_path, __file__)
     args = model["args"]
     envs = make_env(model["env_id"], eval_episodes, device, seed, args["continuous_actions"], args["max_episode_steps"])
@@ -402,7 +407,7 @@ if __name__ == "__main__":
         value_norm.load_state_dict(run.checkpoint["value_norm"])
         global_step = run.checkpoint["global_step"]
         iteration = global_step // (args.num_envs * args.num_steps)
-        print(f"{args.env_id} cannot be saved with the checkpoint: continuing with freshly reset environments")
+        print(f"resuming at step {global_step} with freshly reset environments (VMAS and mpe2 state cannot be saved)")
     next_obs = envs.reset()
 
     def training_state() -> dict:

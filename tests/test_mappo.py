@@ -295,7 +295,7 @@ def test_bad_input_exits_before_any_work(workdir):
         "unknown --env-id 'vmas/foo'",
         "vmas/navigation",
     )
-    assert_bad_input(run_script(SCRIPT, "--capture-video", cwd=workdir), workdir, "needs a display")
+    assert_bad_input(run_script(SCRIPT, "--capture-video", cwd=workdir), workdir, "renders through pyglet")
 
 
 def test_heterogeneous_action_spaces_are_refused(capsys):
