@@ -134,8 +134,8 @@ class Run:
 
     def log(self, step: int, scalars: dict) -> dict[str, float]:
         """Write `scalars` (tensors or numbers) at `step` with one device-to-host read, plus
-        charts/SPS, and redraw the progress line. A non-finite value of a key naming a loss
-        writes a checkpoint and stops the run in one line. Returns the values read."""
+        charts/SPS, and redraw the progress line. A non-finite loss (a key whose last part names
+        a loss: losses/td_loss, not losses/explained_variance) writes a checkpoint and stops the run in one line. Returns the values read."""
         names = list(scalars)
         tensors = [v for v in scalars.values() if isinstance(v, torch.Tensor)]
         read = iter(torch.stack([t.detach().float().reshape(()) for t in tensors]).tolist() if tensors else [])
@@ -147,7 +147,7 @@ class Run:
         )
         self.progress.update(step)
         for name, value in values.items():
-            if "loss" in name and not math.isfinite(value):
+            if "loss" in name.rsplit("/", 1)[-1] and not math.isfinite(value):  # losses/td_loss, not losses/entropy
                 path = self.write_checkpoint()
                 fail(f"{name} is {value} at step {step}; checkpoint written to {path}")
         return values

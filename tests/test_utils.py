@@ -113,6 +113,7 @@ def test_run_logs_with_one_read_checkpoints_on_schedule_and_stops_on_a_nan_loss(
     state["step"] = 190
     run.end_iteration(190)
     assert torch.load(run.dir / "checkpoint.pt", weights_only=False)["global_step"] == 130
+    run.log(192, {"losses/explained_variance": float("nan"), "losses/entropy": torch.tensor(float("inf"))})
     state["step"] = 195
     with pytest.raises(SystemExit) as exit_info:
         run.log(195, {"losses/td_loss": torch.tensor(float("nan")), "losses/explained_variance": float("nan")})
