@@ -133,9 +133,9 @@ class Run:
         return path
 
     def log(self, step: int, scalars: dict) -> dict[str, float]:
-        """Write `scalars` (tensors or numbers) at `step` with one device-to-host read, plus
-        charts/SPS, and redraw the progress line. A non-finite loss (a key whose last part names
-        a loss: losses/td_loss, not losses/explained_variance) writes a checkpoint and stops the run in one line. Returns the values read."""
+        """Write `scalars` (tensors or numbers) at `step` with one device-to-host read, plus charts/SPS, and
+        redraw the progress line. A non-finite loss (a key whose last part names a loss: losses/td_loss, not
+        losses/explained_variance) writes a checkpoint and stops the run in one line. Returns the values read."""
         names = list(scalars)
         tensors = [v for v in scalars.values() if isinstance(v, torch.Tensor)]
         read = iter(torch.stack([t.detach().float().reshape(()) for t in tensors]).tolist() if tensors else [])
