@@ -5,7 +5,7 @@
 # navigation reward is dense distance shaping); everything else the script's defaults. Many worlds
 # with several gradient steps per vector step: VMAS steps 128 worlds for about the cost of 32 on a
 # CPU, so the budget goes to the updates.
-# Beside it, a uniform random policy through the same environment section and the same logging
+# Beside it, a uniform random policy through the same environment adapter (cleanrl_utils.envs.multiagent) and the same logging
 # (benchmark/random_policy.py, named random_maddpg in the table), seeds 1-3, as many steps.
 # One run at a time, --torch-threads 1 (the runs shared the 2-core machine with other benchmarks;
 # drop it on a machine of your own). Measured while tuning (seed 1, nice'd on the shared machine):
@@ -24,5 +24,5 @@ done
 runs=(runs/vmas-navigation__maddpg__* runs/vmas-navigation__random_maddpg__*)
 # One logged return per --log-every 10 vector steps in which episodes ended (the mean over them): score the last 10.
 uv run python -m cleanrl_utils.results "${runs[@]}" --last-episodes 10 --output benchmark/results/maddpg
-echo "Rows: random_maddpg.py is benchmark/random_policy.py --exp-name random_maddpg (uniform random continuous actions through the same environment section, 128 worlds, scored the same way). Tuned flags (the script defaults are BenchMARL/TD3-like): 128 worlds, 4 gradient steps per vector step, 128-wide networks, learning rates 1e-3, gamma 0.95." >> benchmark/results/maddpg.md
+echo "Rows: random_maddpg.py is benchmark/random_policy.py --exp-name random_maddpg (uniform random continuous actions through the same environment adapter (cleanrl_utils.envs.multiagent), 128 worlds, scored the same way). Tuned flags (the script defaults are BenchMARL/TD3-like): 128 worlds, 4 gradient steps per vector step, 128-wide networks, learning rates 1e-3, gamma 0.95." >> benchmark/results/maddpg.md
 uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/maddpg.png

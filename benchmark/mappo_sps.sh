@@ -2,7 +2,7 @@
 # SPS of mappo.py on vmas/navigation (4 agents) on the CPU at 1024 and 4096 environments, beside the
 # raw simulator: training = the charts/SPS mappo.py logs after 4 iterations of 25-step rollouts with
 # the default update (10 epochs x 8 minibatches; start-up of the loop included, imports not); raw =
-# VMASVecEnv.step (the script's own environment section) with uniform random actions, 50 steps after
+# VMASVecEnv.step (cleanrl_utils.envs.multiagent) with uniform random actions, 50 steps after
 # 5 warm-up steps. SPS counts environment steps (one step of all worlds = num_envs), not agent steps.
 # Threads: torch's default (one per core); THREADS=1 to measure one core. Run it on an idle machine.
 # Results: benchmark/results/mappo_sps.md (OUT=... to write elsewhere). GPU: benchmark/mappo_gpu.sh.
