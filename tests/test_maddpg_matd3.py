@@ -1,6 +1,8 @@
 """maddpg.py and matd3.py: the centralised critics' input in agent order on VMAS and MPE, the actor's
-joint action, target smoothing, the per-agent TD target, the twin critic and the replay buffer
-against the definitions; smoke runs on VMAS and MPE; bad input; checkpoints, resume and SIGTERM."""
+joint action, target smoothing, the per-agent TD target, the critics and the replay buffer against the
+definitions; smoke runs on VMAS and MPE (team, per-agent and mean-agent returns, the saved model through
+cleanrl_utils.evaluate, refused by the other script); bad input, a replay buffer too large to fit;
+checkpoints without logging state, resume and SIGTERM."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from conftest import (
     run_script,
     sigterm_while_training,
 )
+
+from cleanrl_utils.envs.multiagent import make_env, same_action_space
 
 SCRIPTS = {"maddpg": "maddpg.py", "matd3": "matd3.py"}
 MODULES = {"maddpg": maddpg, "matd3": matd3}
@@ -55,6 +59,11 @@ COMMON_KEYS = [
     "eval/episodic_return",
 ]
 KEYS = {"maddpg": COMMON_KEYS, "matd3": COMMON_KEYS + ["losses/qf2_values", "losses/qf2_loss", "losses/qf_loss"]}
+# What each script's checkpoint holds (training_state) besides the format, arguments and RNG states.
+TRAINING_STATE = {
+    "maddpg": {"actor", "critic", "target_actor", "target_critic"},
+    "matd3": {"actor", "qf1", "qf2", "target_actor", "qf1_target", "qf2_target", "updates"},
+}
 
 
 # --- the centralised critics' input, on both simulators --------------------------------------------
@@ -72,18 +81,11 @@ def hand_built_critic_input(obs: torch.Tensor, actions: torch.Tensor) -> torch.T
     return torch.stack(rows).reshape(num_envs, n_agents, -1)
 
 
-def make_sim(module, env_id: str):
-    """Each script's own copy of the simulator class, built directly."""
-    family, name = env_id.split("/")
-    cls = module.VMASVecEnv if family == "vmas" else module.MPEVecEnv
-    return cls(name, 3, CPU, seed=0, continuous_actions=True, max_episode_steps=25)
-
-
 @pytest.mark.parametrize("algo", ["maddpg", "matd3"])
 @pytest.mark.parametrize("env_id", ["vmas/navigation", "mpe/simple_spread_v3"])
 def test_critic_input_is_observations_then_actions_in_agent_order(algo, env_id):
     module = MODULES[algo]
-    envs = make_sim(module, env_id)
+    envs = make_env(env_id, 3, CPU, seed=0, continuous_actions=True, max_episode_steps=25)
     obs = envs.reset()
     obs, *_ = envs.step(module.random_actions((3, envs.n_agents), envs.action_low, envs.action_high))
     n_agents, obs_dim, act_dim = envs.n_agents, envs.obs_dim, envs.act_dim
@@ -197,46 +199,37 @@ def test_td_target_is_per_agent_and_cut_only_at_terminations(algo):
     assert got.tolist() == [[1.0, 2.0], [15.5, 19.5], [28.0, 34.0]]
 
 
-def test_twin_critic_is_two_independent_mlps_on_the_critic_input():
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+def test_critic_is_an_mlp_on_the_critic_input_and_frozen_sends_gradients_to_the_actions_only(algo):
+    module = MODULES[algo]
     torch.manual_seed(0)
-    critic = matd3.TwinCritic(obs_dim=4, act_dim=2, n_agents=3, hidden_dim=16)
+    critic = module.QNetwork(obs_dim=4, act_dim=2, n_agents=3, hidden_dim=16)
     obs, actions = torch.randn(5, 3, 4), torch.randn(5, 3, 2, requires_grad=True)
-    q = critic(obs, actions)
-    assert q.shape == (2, 5, 3)
-    x = matd3.critic_input(obs, actions)
-    for k in range(2):
-        h = F.relu(x @ critic.w1[k] + critic.b1[k])
-        h = F.relu(h @ critic.w2[k] + critic.b2[k])
-        torch.testing.assert_close(q[k], (h @ critic.w3[k].T + critic.b3[k]).squeeze(-1))
-    assert not torch.equal(q[0], q[1])
-    q1 = critic(obs, actions, num_critics=1, frozen=True)
-    torch.testing.assert_close(q1, q[:1])
-    q1.sum().backward()
-    assert actions.grad.abs().sum() > 0 and all(p.grad is None for p in critic.parameters())
-
-
-def test_maddpg_critic_is_an_mlp_on_the_critic_input():
-    torch.manual_seed(0)
-    critic = maddpg.QNetwork(obs_dim=4, act_dim=2, n_agents=3, hidden_dim=16)
-    obs, actions = torch.randn(5, 3, 4), torch.randn(5, 3, 2, requires_grad=True)
+    x = module.critic_input(obs, actions)
+    expected = critic.fc3(F.relu(critic.fc2(F.relu(critic.fc1(x))))).squeeze(-1)
+    torch.testing.assert_close(critic(obs, actions), expected)
     q = critic(obs, actions, frozen=True)
-    x = maddpg.critic_input(obs, actions)
-    torch.testing.assert_close(q, critic.fc3(F.relu(critic.fc2(F.relu(critic.fc1(x))))).squeeze(-1))
+    torch.testing.assert_close(q, expected)
     q.sum().backward()
     assert actions.grad.abs().sum() > 0 and all(p.grad is None for p in critic.parameters())
+    critic(obs, actions).sum().backward()  # not frozen: the weights get their gradients
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in critic.parameters())
+    if algo == "matd3":  # Q1 and Q2 are built alike but start apart
+        other = module.QNetwork(obs_dim=4, act_dim=2, n_agents=3, hidden_dim=16)
+        assert not torch.equal(other(obs, actions), critic(obs, actions))
 
 
 @pytest.mark.parametrize("algo", ["maddpg", "matd3"])
 def test_buffer_stores_the_true_final_observation_and_wraps_around(algo):
     module = MODULES[algo]
-    envs = module.make_env("vmas/navigation", 2, CPU, seed=0, continuous_actions=True, max_episode_steps=3)
+    envs = make_env("vmas/navigation", 2, CPU, seed=0, continuous_actions=True, max_episode_steps=3)
     rb = module.ReplayBuffer(5, envs.n_agents, envs.obs_dim, envs.act_dim, CPU)
     obs = envs.reset()
     seen = []
     for t in range(4):  # 8 transitions into 5 slots
         actions = torch.full((2, envs.n_agents, envs.act_dim), 0.1 * (t + 1))
         next_obs, rewards, terminated, truncated, final_obs, info = envs.step(actions)
-        rb.add(obs, actions, rewards, terminated, final_obs)
+        rb.add(obs=obs, actions=actions, rewards=rewards, terminations=terminated, next_obs=final_obs)
         seen.append((obs, actions, rewards, final_obs, next_obs, truncated))
         obs = next_obs
     assert rb.size == 5 and rb.pos == 3
@@ -244,24 +237,31 @@ def test_buffer_stores_the_true_final_observation_and_wraps_around(algo):
     # reset one, and no termination (a truncation bootstraps).
     obs2, actions2, rewards2, final_obs2, next_obs2, truncated2 = seen[2]
     assert truncated2.all() and not torch.allclose(final_obs2, next_obs2)
-    assert torch.equal(rb.next_obs[4], final_obs2[0]) and torch.equal(
-        rb.next_obs[0], final_obs2[1]
-    )  # slot 5 wrapped to 0
-    assert rb.terminations[[4, 0]].eq(0).all()
-    assert (
-        torch.equal(rb.obs[4], obs2[0])
-        and torch.equal(rb.actions[0], actions2[1])
-        and torch.equal(rb.rewards[0], rewards2[1])
-    )
+    fields = rb.fields
+    assert torch.equal(fields["next_obs"][4], final_obs2[0])
+    assert torch.equal(fields["next_obs"][0], final_obs2[1])  # slot 5 wrapped to 0
+    assert fields["terminations"][[4, 0]].eq(0).all()
+    assert torch.equal(fields["obs"][4], obs2[0]) and torch.equal(fields["actions"][0], actions2[1])
+    assert torch.equal(fields["rewards"][0], rewards2[1])
     # The fourth step (slots 1, 2) starts from the reset observation.
-    assert torch.equal(rb.obs[1], next_obs2[0]) and torch.equal(rb.actions[2], seen[3][1][1])
+    assert torch.equal(fields["obs"][1], next_obs2[0]) and torch.equal(fields["actions"][2], seen[3][1][1])
     batch = rb.sample(64)
-    assert [tuple(t.shape) for t in batch] == [(64, 4, 18), (64, 4, 2), (64, 4), (64,), (64, 4, 18)]
+    shapes = {name: tuple(t.shape) for name, t in batch.items()}
+    assert shapes == {
+        "obs": (64, 4, 18),
+        "actions": (64, 4, 2),
+        "rewards": (64, 4),
+        "terminations": (64,),
+        "next_obs": (64, 4, 18),
+    }
+    # The bytes checked before allocation are the bytes allocated.
+    assert module.replay_buffer_bytes(5, envs.n_agents, envs.obs_dim, envs.act_dim) == sum(
+        t.numel() * t.element_size() for t in fields.values()
+    )
     restored = module.ReplayBuffer(5, envs.n_agents, envs.obs_dim, envs.act_dim, CPU)
     restored.load_state_dict(rb.state_dict())
-    assert restored.pos == rb.pos and all(
-        torch.equal(a, b) for a, b in zip(restored.fields().values(), rb.fields().values())
-    )
+    assert restored.pos == rb.pos and restored.size == rb.size
+    assert all(torch.equal(restored.fields[name], field) for name, field in fields.items())
 
 
 # --- bad input --------------------------------------------------------------------------------------
@@ -293,11 +293,12 @@ def validation_error(module, **overrides) -> str:
         ({"buffer_size": 0}, ["--buffer-size must be positive"]),
         ({"gradient_steps": 0}, ["--gradient-steps must be positive"]),
         ({"max_episode_steps": 0}, ["--max-episode-steps must be positive"]),
-        ({"learning_starts": -1}, ["--learning-starts must be 0 or positive"]),
-        ({"total_timesteps": 5000}, ["--learning-starts 10000 is not below --total-timesteps 5000"]),
+        ({"learning_starts": -1}, ["--learning-starts must be in [0, --total-timesteps 1000000)", "got -1"]),
+        ({"total_timesteps": 5000}, ["--learning-starts must be in [0, --total-timesteps 5000)", "got 10000"]),
         ({"buffer_size": 100, "batch_size": 256}, ["--batch-size 256 is larger than --buffer-size 100"]),
         ({"tau": 0.0}, ["--tau"]),
         ({"exploration_noise": -0.1}, ["--exploration-noise must be 0 or positive"]),
+        ({"max_grad_norm": -1.0}, ["--max-grad-norm must be 0 or positive"]),
         ({"capture_video": True}, ["--capture-video is not supported", "display"]),
     ],
 )
@@ -324,14 +325,15 @@ def test_matd3_rejects_bad_noise_and_delay(overrides, fragment):
 def test_agents_with_different_action_spaces_are_rejected(algo):
     from gymnasium.spaces import Box
 
-    envs = SimpleNamespace(same_action_space=True, action_spaces=[Box(-1, 1, (2,)), Box(-2, 2, (2,))])
+    def described(*spaces):  # what the adapters say of their agents' action spaces
+        return SimpleNamespace(same_action_space=same_action_space(list(spaces)), action_spaces=list(spaces))
+
     stderr = io.StringIO()
     with redirect_stderr(stderr), pytest.raises(SystemExit):
-        MODULES[algo].check_action_spaces(envs, f"{algo}.py")
-    assert "different action spaces" in stderr.getvalue() and len(stderr.getvalue().splitlines()) == 1
-    MODULES[algo].check_action_spaces(
-        SimpleNamespace(same_action_space=True, action_spaces=[Box(-1, 1, (2,))] * 2), f"{algo}.py"
-    )
+        MODULES[algo].check_action_spaces(described(Box(-1, 1, (2,)), Box(-2, 2, (2,))))  # other bounds
+    line = stderr.getvalue()
+    assert f"{algo}.py shares one actor" in line and "different action spaces" in line and len(line.splitlines()) == 1
+    MODULES[algo].check_action_spaces(described(Box(-1, 1, (2,)), Box(-1, 1, (2,))))
 
 
 @pytest.mark.parametrize(
@@ -352,6 +354,14 @@ def test_agents_with_different_action_spaces_are_rejected(algo):
 # (The other cases go through validate() above: the command line adds only tyro's parsing, checked here.)
 def test_bad_input_on_the_command_line_fails_before_any_work(workdir, algo, flags, fragments):
     assert_bad_input(run_script(SCRIPTS[algo], *flags, cwd=workdir), workdir, *fragments)
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+def test_a_replay_buffer_that_cannot_fit_is_refused_before_any_work(workdir, algo):
+    # 10^12 transitions of vmas/navigation: 4 agents x 18 floats twice, 4 x 2 actions, 4 rewards and a flag,
+    # 157 float32s = 628 bytes each.
+    result = run_script(SCRIPTS[algo], "--buffer-size", "1000000000000", "--no-cuda", cwd=workdir)
+    assert_bad_input(result, workdir, "--buffer-size: the replay buffer needs 628000.0 GB", "lower --buffer-size")
 
 
 # --- smoke runs, checkpoints, resume, SIGTERM ---------------------------------------------------------
@@ -384,14 +394,22 @@ def test_smoke_writes_team_and_agent_returns_and_evaluates_the_saved_model(workd
     scalars = read_scalars(run_dir)
     n_agents = 4 if env_id == "vmas/navigation" else 3
     agent_keys = [f"charts/episodic_return_agent{i}" for i in range(n_agents)]
-    assert_finite_keys(scalars, KEYS[algo] + agent_keys)
+    assert_finite_keys(scalars, KEYS[algo] + agent_keys + ["charts/episodic_return_mean_agent"])
     assert f"charts/episodic_return_agent{n_agents}" not in scalars
     assert algo == "matd3" or "losses/qf2_loss" not in scalars
-    # The team return is the sum of the agents' returns, logged at the same steps.
-    for (step, team), *agents in zip(scalars["charts/episodic_return"], *(scalars[k] for k in agent_keys)):
-        assert all(s == step for s, _ in agents) and team == pytest.approx(
-            sum(v for _, v in agents), rel=1e-4, abs=1e-4
-        )
+    # The team return is the sum of the agents' returns, the mean-agent return their mean, at the same steps.
+    series = zip(
+        scalars["charts/episodic_return"],
+        scalars["charts/episodic_return_mean_agent"],
+        *(scalars[k] for k in agent_keys),
+    )
+    for (step, team), (mean_step, mean_agent), *agents in series:
+        assert all(s == step for s, _ in agents) and mean_step == step
+        assert team == pytest.approx(sum(v for _, v in agents), rel=1e-4, abs=1e-4)
+        assert mean_agent == pytest.approx(team / n_agents, rel=1e-4, abs=1e-4)
+    # Losses from the first gradient step on (learning starts at step 100), up to the last step.
+    loss_steps = [step for step, _ in scalars["losses/actor_loss"]]
+    assert min(loss_steps) >= 100 and max(loss_steps) == 400
     lengths = [v for _, v in scalars["charts/episodic_length"]]
     assert max(lengths) <= 20 if env_id == "vmas/navigation" else set(lengths) == {25.0}  # MPE episodes never terminate
     assert len(scalars["eval/episodic_return"]) == 2
@@ -400,8 +418,15 @@ def test_smoke_writes_team_and_agent_returns_and_evaluates_the_saved_model(workd
     # The saved model evaluates deterministically through the project's entry point too.
     from cleanrl_utils.evaluate import evaluate_model
 
-    first = evaluate_model(run_dir, episodes=3, seed=5, cuda=False)[1]
-    assert len(first) == 3 and first == evaluate_model(run_dir, episodes=3, seed=5, cuda=False)[1]
+    model, first = evaluate_model(run_dir, episodes=3, seed=5, cuda=False)
+    assert model["script"] == algo and len(first) == 3
+    assert first == evaluate_model(run_dir, episodes=3, seed=5, cuda=False)[1]
+    # The other script refuses this model in one line naming the script that saved it.
+    other = "matd3" if algo == "maddpg" else "maddpg"
+    stderr = io.StringIO()
+    with redirect_stderr(stderr), pytest.raises(SystemExit):
+        MODULES[other].evaluate(run_dir / f"{algo}.cleanrl_model", 1, CPU)
+    assert f"was saved by {algo}.py, not {other}.py" in stderr.getvalue() and len(stderr.getvalue().splitlines()) == 1
 
 
 @pytest.mark.parametrize("algo, env_id", [("maddpg", "vmas/navigation"), ("matd3", "mpe/simple_spread_v3")])
@@ -410,20 +435,12 @@ def test_sigkill_then_resume_continues_the_run_with_fresh_environments(workdir, 
     run_dir = kill_at_first_checkpoint(SCRIPTS[algo], flags, workdir)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 200 <= checkpoint["global_step"] < 600 and checkpoint["replay_buffer"]["size"] == checkpoint["global_step"]
-    for key in (
-        "actor",
-        "critic",
-        "target_actor",
-        "target_critic",
-        "actor_optimizer",
-        "critic_optimizer",
-        "episode_stats",
-        "rng",
-    ):
-        assert checkpoint[key] is not None, key
+    # Exactly the training state: no logging state (episode statistics, latest losses, log schedule).
+    state = TRAINING_STATE[algo] | {"actor_optimizer", "critic_optimizer", "replay_buffer", "global_step"}
+    assert set(checkpoint) == state | {"format", "script", "env_id", "args", "rng", "wandb_id"}
     resumed = run_script(SCRIPTS[algo], *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming with freshly reset environments" in resumed.stdout
+    assert f"resuming at step {checkpoint['global_step']} with freshly reset environments" in resumed.stdout
     assert run_dirs(workdir) == [run_dir], "resume must continue the same run directory"
     scalars = read_scalars(run_dir)
     assert_finite_keys(scalars, KEYS[algo])
@@ -431,6 +448,9 @@ def test_sigkill_then_resume_continues_the_run_with_fresh_environments(workdir, 
     assert steps == sorted(steps) and steps[-1] == 600  # one curve, continued
     final = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert final["global_step"] == 600 and final["replay_buffer"]["size"] == 600
+    assert not torch.equal(final["actor"]["fc1.weight"], checkpoint["actor"]["fc1.weight"])  # it trained on
+    if algo == "matd3":  # the delayed actor's count of critic steps goes on: one per vector step from step 100 on
+        assert checkpoint["updates"] > 0 and final["updates"] == (600 - 100) // 4 + 1
 
 
 def test_sigterm_writes_a_checkpoint_that_the_other_script_refuses(tmp_path):

@@ -125,7 +125,27 @@ class EpisodeTally:
         return Episodes(int(count), [value / count for value in return_sums], length_sum / count)
 
 
-class VMASVecEnv:
+class MultiAgentVecEnv:
+    """What both adapters share: the action description and the episode tally."""
+
+    def _describe_actions(self, action_spaces: list, continuous_actions: bool, device: torch.device) -> None:
+        self.continuous = continuous_actions
+        self.action_spaces = action_spaces
+        self.same_action_space = same_action_space(action_spaces)
+        first = action_spaces[0]
+        if continuous_actions:
+            self.act_dim = first.shape[0]
+            self.action_low = torch.as_tensor(first.low, dtype=torch.float32, device=device)
+            self.action_high = torch.as_tensor(first.high, dtype=torch.float32, device=device)
+        else:
+            self.num_actions = int(first.n)
+
+    def read_episodes(self) -> Episodes | None:
+        """The episodes that ended since the last read (one host read), or None when none did."""
+        return self.tally.read()
+
+
+class VMASVecEnv(MultiAgentVecEnv):
     """A VMAS scenario as batched tensors on the training device.
 
     VMAS resets one world per call (`reset_at(index)`), so a step with finished worlds reads their
@@ -156,16 +176,7 @@ class VMASVecEnv:
         self.max_episode_steps = max_episode_steps
         self.obs_dims = [space.shape[0] for space in self.env.observation_space]
         self.obs_dim = max(self.obs_dims)
-        self.continuous = continuous_actions
-        self.action_spaces = list(self.env.action_space)
-        self.same_action_space = same_action_space(self.action_spaces)
-        first = self.action_spaces[0]
-        if continuous_actions:
-            self.act_dim = first.shape[0]
-            self.action_low = torch.as_tensor(first.low, dtype=torch.float32, device=device)
-            self.action_high = torch.as_tensor(first.high, dtype=torch.float32, device=device)
-        else:
-            self.num_actions = int(first.n)
+        self._describe_actions(list(self.env.action_space), continuous_actions, device)
         self.episode_returns = torch.zeros(num_envs, self.n_agents, device=device)
         self.episode_lengths = torch.zeros(num_envs, dtype=torch.long, device=device)
         self.tally = EpisodeTally(self.n_agents, device)
@@ -208,15 +219,11 @@ class VMASVecEnv:
         self.episode_lengths *= ~done
         return next_obs, rewards, terminated, truncated, final_obs, info
 
-    def read_episodes(self) -> Episodes | None:
-        """The episodes that ended since the last read (one host read), or None when none did."""
-        return self.tally.read()
-
     def close(self):
         pass
 
 
-class MPEVecEnv:
+class MPEVecEnv(MultiAgentVecEnv):
     """num_envs copies of an mpe2 task (PettingZoo parallel API) with the same tensor layout as VMASVecEnv.
 
     MPE runs on numpy in the host process; the copies are stepped in turn and the stacked observations
@@ -244,16 +251,7 @@ class MPEVecEnv:
         self.max_episode_steps = max_episode_steps
         self.obs_dims = [self.envs[0].observation_space(agent).shape[0] for agent in self.agents]
         self.obs_dim = max(self.obs_dims)
-        self.continuous = continuous_actions
-        self.action_spaces = [self.envs[0].action_space(agent) for agent in self.agents]
-        self.same_action_space = same_action_space(self.action_spaces)
-        first = self.action_spaces[0]
-        if continuous_actions:
-            self.act_dim = first.shape[0]
-            self.action_low = torch.as_tensor(first.low, dtype=torch.float32, device=device)
-            self.action_high = torch.as_tensor(first.high, dtype=torch.float32, device=device)
-        else:
-            self.num_actions = int(first.n)
+        self._describe_actions([self.envs[0].action_space(agent) for agent in self.agents], continuous_actions, device)
         self.obs = np.zeros((num_envs, self.n_agents, self.obs_dim), dtype=np.float32)
         self.episode_returns = np.zeros((num_envs, self.n_agents), dtype=np.float32)
         self.episode_lengths = np.zeros(num_envs, dtype=np.int64)
@@ -311,10 +309,6 @@ class MPEVecEnv:
             to_device(final_obs),
             info,
         )
-
-    def read_episodes(self) -> Episodes | None:
-        """The episodes that ended since the last read, or None when none did."""
-        return self.tally.read()
 
     def close(self):
         for env in self.envs:
