@@ -1,67 +1,38 @@
 """Proximal Policy Optimization (PPO) for continuous actions.
 
-Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (https://arxiv.org/abs/1707.06347),
-with the continuous-control details of Huang et al. 2022, "The 37 Implementation Details of PPO":
-a Gaussian policy whose mean is a 64x64 tanh MLP and whose log standard deviation is a
-state-independent parameter, a separate 64x64 tanh value network, GAE, clipped surrogate, value
-clipping, advantage normalisation, learning-rate annealing, global gradient clipping,
-observations normalised by running statistics and clipped to [-10, 10], rewards divided by the
-running standard deviation of the discounted return and clipped to [-10, 10]. Actions are
-clipped to the environment's bounds when stepping; the unclipped sample is what is stored and
-scored by the policy.
+Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (https://arxiv.org/abs/1707.06347), with the
+continuous-control details of Huang et al. 2022, "The 37 Implementation Details of PPO": a Gaussian policy
+(64x64 tanh MLP mean, state-independent log std) beside a 64x64 tanh value network, GAE, clipped surrogate and
+value loss, advantage normalisation, learning-rate annealing, gradient clipping, observations normalised by running
+statistics and rewards by the running std of the discounted return (both saved with the model), actions clipped to
+the bounds only on the way to the environment. Time-limit truncations are bootstrapped with the true final
+observation. MuJoCo and classic-control environments are saved in checkpoints (a resumed CPU run is exact);
+dm_control ones cannot be: a resumed dm_control run continues with freshly reset environments and says so.
 
-Action space: a one-dimensional Box. Observations: a Box, or a Dict of Boxes (flattened).
-Environments: gymnasium MuJoCo v5 (Hopper-v5, HalfCheetah-v5, Walker2d-v5, Ant-v5,
-Humanoid-v5 ...), dm_control through shimmy (dm_control/cheetah-run-v0 ...), Pendulum-v1.
+Action space: a one-dimensional Box. Observations: a Box, or a Dict of Boxes (flattened). Environments: gymnasium
+MuJoCo v5 (Hopper-v5, HalfCheetah-v5, Walker2d-v5 ...), dm_control through shimmy, Pendulum-v1.
 
     uv run python cleanrl/ppo_continuous_action.py --env-id Hopper-v5
 
-Expect about CleanRL's published MuJoCo v4 figures after 1M steps (Hopper ~2,400,
-HalfCheetah ~1,400, Walker2d ~2,300; 3 seeds); what this script measured is in
-benchmark/results/ppo_continuous_action.md (commands in benchmark/ppo_continuous_action.sh).
-
-Normalisation. One set of statistics is shared by all environments and lives on the training
-device: a RunningMeanStd of the observations, updated with every observation the policy acts on
-(the policy sees the freshest statistics, as with gymnasium's NormalizeObservation), and a
-RunningMeanStd of the discounted return, updated once per rollout with all its returns before
-the rollout's rewards are scaled. Both are part of the model: they go into checkpoints and into
-the saved model, and evaluation uses the saved observation statistics frozen.
-
-Environments reset in the same step an episode ends (gymnasium's SAME_STEP autoreset); a
-time-limit truncation is bootstrapped with the value of the true final observation, and only
-a termination cuts the return. MuJoCo and classic-control simulators are saved into
-checkpoints (MuJoCo through its integration state), so a resumed run on the CPU continues
-exactly as the uninterrupted one would. dm_control environments cannot be saved: a resumed
-dm_control run continues with freshly reset environments (and says so).
+Expect CleanRL's figures after 1M steps, Hopper-v5 ~2,400 and HalfCheetah-v5 ~1,400; this script measured 2,622
+and 1,787 (one seed each; benchmark/results/ppo_continuous_action.md).
 """
 
 import math
 import os
-import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
+from torch.distributions import Normal
 
-from cleanrl_utils.checkpoint import (
-    CHECKPOINT_NAME,
-    StopSignal,
-    load_checkpoint,
-    load_model,
-    restore_envs,
-    restore_rng_state,
-    save_checkpoint,
-    save_model,
-    snapshot_envs,
-)
+from cleanrl_utils.checkpoint import load_model, restore_envs, snapshot_envs
 from cleanrl_utils.errors import check_env_id, check_positive, fail
-from cleanrl_utils.progress import Progress
 from cleanrl_utils.run import Run
 
 
@@ -195,14 +166,16 @@ def validate(args: Args) -> None:
     probe.close()
     if isinstance(action_space, gym.spaces.Discrete):
         fail(
-            f"ppo_continuous_action.py handles Box (continuous) actions but {args.env_id} has {action_space}; use cleanrl/ppo.py"
+            f"ppo_continuous_action.py handles Box (continuous) actions but {args.env_id} has {action_space}; "
+            "use cleanrl/ppo.py"
         )
     if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
         fail(f"ppo_continuous_action.py needs a one-dimensional Box action space but {args.env_id} has {action_space}")
     boxes = observation_space.values() if isinstance(observation_space, gym.spaces.Dict) else [observation_space]
     if not all(isinstance(space, gym.spaces.Box) for space in boxes):
         fail(
-            f"ppo_continuous_action.py needs Box (or Dict of Box) observations but {args.env_id} has {observation_space}"
+            f"ppo_continuous_action.py needs Box (or Dict of Box) observations but {args.env_id} "
+            f"has {observation_space}"
         )
 
 
@@ -236,21 +209,14 @@ def action_bounds(envs, device: torch.device) -> tuple[torch.Tensor, torch.Tenso
     """The action space's bounds as float32 device tensors. Actions are clipped to them on the way
     to the environment; the policy's unclipped sample is what the rollout stores and the update scores."""
     space = envs.single_action_space
-    return (
-        torch.as_tensor(space.low, dtype=torch.float32, device=device),
-        torch.as_tensor(space.high, dtype=torch.float32, device=device),
-    )
+    return tuple(torch.as_tensor(bound, dtype=torch.float32, device=device) for bound in (space.low, space.high))
 
 
 class RunningMeanStd(nn.Module):
-    """Running mean and variance of a stream of batches, on the training device, in float64.
-
-    update(batch) merges the statistics of a batch [N, *shape] into the running ones with the
-    parallel-variance formula (Chan, Golub and LeVeque 1979), so they equal the mean and the
-    (population) variance of all batches concatenated. As in gymnasium, the count starts at
-    `epsilon` with mean 0 and variance 1. The count is an exact host-side number that goes into
-    the state dict with the tensors.
-    """
+    """Running mean and variance of a stream of batches, on the training device, in float64: the mean and
+    (population) variance of all batches concatenated, merged batch by batch with the parallel-variance formula
+    (Chan, Golub and LeVeque 1979). As in gymnasium, the count starts at `epsilon` with mean 0 and variance 1.
+    The count is an exact host-side number, saved in the state dict with the tensors."""
 
     def __init__(self, shape: tuple[int, ...] | int = (), epsilon: float = 1e-4):
         super().__init__()
@@ -282,13 +248,9 @@ class RunningMeanStd(nn.Module):
 
 
 class RewardScaler(nn.Module):
-    """Divides rewards by the running standard deviation of the discounted return, then clips.
-
-    The discounted return G_t = r_t + gamma * G_{t-1} is tracked per environment and restarts
-    after an episode ends (termination or truncation); one RunningMeanStd of G is shared by all
-    environments. It runs once per rollout on the device: the rollout's returns enter the
-    statistics, then all its rewards are divided by the updated standard deviation.
-    """
+    """Divides rewards by the running standard deviation of the discounted return G_t = r_t + gamma * G_{t-1},
+    then clips. G restarts after an episode ends; one RunningMeanStd of G is shared by all environments. Once per
+    rollout, on the device: the rollout's returns enter the statistics, then its rewards are scaled by them."""
 
     def __init__(self, num_envs: int, gamma: float, clip: float):
         super().__init__()
@@ -317,60 +279,59 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
+def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
+    """64x64 tanh MLP, orthogonally initialised; the output layer with gain `out_std`."""
+    hidden = [layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()]
+    return nn.Sequential(*hidden, layer_init(nn.Linear(64, out_dim), std=out_std))
+
+
 class Agent(nn.Module):
     """A Gaussian policy N(mean(obs), exp(logstd)^2), its log standard deviation a parameter that
     does not depend on the state, and a separate value network; both 64x64 tanh MLPs."""
 
     def __init__(self, obs_dim: int, act_dim: int):
         super().__init__()
-        self.critic_fc1 = layer_init(nn.Linear(obs_dim, 64))
-        self.critic_fc2 = layer_init(nn.Linear(64, 64))
-        self.critic_out = layer_init(nn.Linear(64, 1), std=1.0)
-        self.actor_fc1 = layer_init(nn.Linear(obs_dim, 64))
-        self.actor_fc2 = layer_init(nn.Linear(64, 64))
-        self.actor_mean = layer_init(nn.Linear(64, act_dim), std=0.01)
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
+        self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.zeros(act_dim))
-        self.log_normaliser = 0.5 * act_dim * math.log(2 * math.pi)
 
-    # Functional calls on the layers' parameters: the same maths as nn.Sequential, without a
-    # module call per layer, which costs more than the matrix products at this size.
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        """V(obs), shaped [..., 1]."""
-        x = torch.tanh(F.linear(obs, self.critic_fc1.weight, self.critic_fc1.bias))
-        x = torch.tanh(F.linear(x, self.critic_fc2.weight, self.critic_fc2.bias))
-        return F.linear(x, self.critic_out.weight, self.critic_out.bias)
+        return self.critic(obs).squeeze(-1)
 
-    def action_mean(self, obs: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(F.linear(obs, self.actor_fc1.weight, self.actor_fc1.bias))
-        x = torch.tanh(F.linear(x, self.actor_fc2.weight, self.actor_fc2.bias))
-        return F.linear(x, self.actor_mean.weight, self.actor_mean.bias)
+    def sample_action(self, obs: torch.Tensor) -> torch.Tensor:
+        # mean + std * N(0, 1) directly: Normal(mean, std).sample() costs ~25 us more per step (measured).
+        mean = self.actor_mean(obs)
+        return mean + self.actor_logstd.exp() * torch.randn_like(mean)
 
-    def sample_action(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """mean(obs) + std * noise, with standard normal `noise` drawn by the caller (a whole
-        rollout's at once). Only the action is needed while stepping; log-probabilities and
-        values of the whole rollout are computed afterwards in one batched pass."""
-        return torch.addcmul(self.action_mean(obs), self.actor_logstd.exp(), noise)
-
-    def log_prob_and_value(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """log pi(actions | obs) summed over the action dimensions, and V(obs); both [..., 1].
-        One pass through each network serves the policy and the value loss."""
-        z = (actions - self.action_mean(obs)) * torch.exp(-self.actor_logstd)
-        log_prob = -0.5 * z.square().sum(-1, keepdim=True) - (self.actor_logstd.sum() + self.log_normaliser)
-        return log_prob, self.get_value(obs)
+    def log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log pi(actions | obs), summed over the action dimensions."""
+        # Written out: 6% faster per update than Normal(mean, std).log_prob(actions).sum(-1) (measured).
+        z = (actions - self.actor_mean(obs)) / self.actor_logstd.exp()
+        return (-0.5 * z.square() - self.actor_logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
 
     def entropy(self) -> torch.Tensor:
-        """The policy's entropy, the same in every state: sum(logstd) + d/2 * log(2 pi e)."""
-        return self.actor_logstd.sum() + self.log_normaliser + 0.5 * self.actor_logstd.numel()
+        """The policy's entropy, the same in every state since the standard deviation does not depend on it."""
+        return Normal(0.0, self.actor_logstd.exp(), validate_args=False).entropy().sum()
+
+
+class Batch(NamedTuple):
+    """A rollout flattened to [batch_size, ...], one named tensor per field."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    values: torch.Tensor
+
+    def take(self, rows: torch.Tensor | slice) -> "Batch":
+        return Batch(*(field[rows] for field in self))
 
 
 class RolloutStorage:
-    """One rollout of `num_steps` x `num_envs` transitions.
-
-    Observations (normalised, as the policy saw them) and actions (the unclipped samples) live
-    on the training device, since the policy needs them each step. Rewards and episode ends come
-    from the CPU simulator and are staged in host arrays, then copied to the device once per
-    rollout rather than once per step.
-    """
+    """One rollout of `num_steps` x `num_envs` transitions. Observations (normalised, as the policy saw them) and
+    actions (the unclipped samples) live on the training device; rewards and episode ends come from the CPU
+    simulator and are staged in host arrays, copied to the device once per rollout."""
 
     def __init__(self, num_steps: int, num_envs: int, obs_dim: int, act_dim: int, device: torch.device):
         self.obs = torch.zeros((num_steps, num_envs, obs_dim), device=device)
@@ -378,8 +339,7 @@ class RolloutStorage:
         self.rewards = np.zeros((num_steps, num_envs), dtype=np.float32)
         self.terminations = np.zeros((num_steps, num_envs), dtype=np.float32)
         self.truncations = np.zeros((num_steps, num_envs), dtype=np.float32)
-        # The true final observation (normalised when it arrived) of an episode truncated at
-        # step t; zeros elsewhere. Written only at truncations, which are rare.
+        # The true final observation (normalised when it arrived) of an episode truncated at step t (zeros elsewhere).
         self.final_obs = torch.zeros((num_steps, num_envs, obs_dim), device=device)
         self.device = device
 
@@ -405,12 +365,12 @@ def compute_gae(
     bootstrap = 1.0 - terminations
     episode_continues = 1.0 - torch.maximum(terminations, truncations)
     deltas = rewards + gamma * next_values * bootstrap - values
-    decays = gamma * gae_lambda * episode_continues
-    # A_t = delta_t + decay_t * A_{t+1}: one fused op per step, collected and stacked once.
-    advantages = [deltas[-1]]
-    for delta, decay in zip(reversed(deltas[:-1].unbind(0)), reversed(decays[:-1].unbind(0))):
-        advantages.append(torch.addcmul(delta, decay, advantages[-1]))
-    return torch.stack(advantages[::-1])
+    advantages = torch.zeros_like(rewards)
+    last_advantage = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        last_advantage = deltas[t] + gamma * gae_lambda * episode_continues[t] * last_advantage
+        advantages[t] = last_advantage
+    return advantages
 
 
 def evaluate(
@@ -420,29 +380,23 @@ def evaluate(
     seed: int = 0,
     capture_video: bool = False,
     video_dir: Path | None = None,
-    deterministic: bool = True,
 ) -> list[float]:
-    """Reload a model saved by this script and return the episodic returns of its policy (the
-    mean action; deterministic=False samples), on observations normalised with the saved
-    statistics, which stay frozen."""
-    model = load_model(model_path, "ppo_continuous_action")
+    """Reload a model saved by this script and return the episodic returns of its mean action, on
+    observations normalised with the saved statistics, which stay frozen."""
+    model = load_model(model_path, __file__)
     envs = make_envs(model["env_id"], 1, capture_video, video_dir)
     agent = Agent(model["obs_dim"], model["act_dim"]).to(device)
     agent.load_state_dict(model["agent"])
     obs_rms = RunningMeanStd(model["obs_dim"]).to(device)
     obs_rms.load_state_dict(model["obs_rms"])
-    clip_obs = model["args"]["clip_obs"]
     action_low, action_high = action_bounds(envs, device)
     obs_np, _ = envs.reset(seed=seed)
     episodic_returns = []
     with torch.no_grad():
         while len(episodic_returns) < eval_episodes:
-            obs = obs_rms.normalize(torch.as_tensor(obs_np, device=device), clip_obs)
-            if deterministic:
-                actions = agent.action_mean(obs)
-            else:
-                actions = agent.sample_action(obs, torch.randn((1, model["act_dim"]), device=device))
-            obs_np, _, _, _, infos = envs.step(actions.clamp(action_low, action_high).cpu().numpy())
+            obs = obs_rms.normalize(torch.as_tensor(obs_np, device=device), model["args"]["clip_obs"])
+            actions = agent.actor_mean(obs).clamp(action_low, action_high)
+            obs_np, _, _, _, infos = envs.step(actions.cpu().numpy())
             if "episode" in infos:
                 episodic_returns += infos["episode"]["r"][infos["_episode"]].tolist()
     envs.close()
@@ -452,23 +406,8 @@ def evaluate(
 if __name__ == "__main__":
     args = tyro.cli(Args)
     validate(args)
-    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
-    stop = StopSignal()  # from here on, SIGTERM/SIGINT lead to a checkpoint and a clean exit
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.torch_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    run = Run(
-        args,
-        run_dir=Path(args.resume).parent if checkpoint else None,
-        purge_step=checkpoint["global_step"] + 1 if checkpoint else None,
-        wandb_id=checkpoint["wandb_id"] if checkpoint else None,
-    )
-    writer = run.writer
+    run = Run(args, __file__)  # seeds, picks the device, checks --resume, makes the run directory
+    device = run.device
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.dir / "videos")
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     act_dim = int(np.prod(envs.single_action_space.shape))
@@ -476,81 +415,61 @@ if __name__ == "__main__":
 
     agent = Agent(obs_dim, act_dim).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    params = list(agent.parameters())
     obs_rms = RunningMeanStd(obs_dim).to(device)
     reward_scaler = RewardScaler(args.num_envs, args.gamma, args.clip_reward).to(device)
     storage = RolloutStorage(args.num_steps, args.num_envs, obs_dim, act_dim, device)
 
-    global_step, start_iteration = 0, 1
+    def observe(obs_np: np.ndarray) -> torch.Tensor:
+        """What the policy sees: the observations enter the running statistics, then are normalised by them."""
+        raw = torch.as_tensor(obs_np, device=device).view(args.num_envs, obs_dim)
+        obs_rms.update(raw)
+        return obs_rms.normalize(raw, args.clip_obs)
+
+    global_step, iteration = 0, 0
     next_obs_np, _ = envs.reset(seed=args.seed)
     envs.action_space.seed(args.seed)
     next_obs = None
-    if checkpoint:
-        agent.load_state_dict(checkpoint["agent"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        obs_rms.load_state_dict(checkpoint["obs_rms"])
-        reward_scaler.load_state_dict(checkpoint["reward_scaler"])
-        envs = restore_envs(envs, checkpoint["envs"])
-        if checkpoint["envs"] is None:
-            print(
-                "the environments could not be saved with the checkpoint (dm_control, video recording): resuming with fresh ones"
-            )
-            reward_scaler.carry.zero_()  # the fresh environments start new episodes
-        else:
-            next_obs = torch.as_tensor(checkpoint["next_obs"], device=device)
-        restore_rng_state(checkpoint["rng"])
-        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
-    if next_obs is None:
-        raw_obs = torch.as_tensor(next_obs_np, device=device).view(args.num_envs, obs_dim)
-        obs_rms.update(raw_obs)
-        next_obs = obs_rms.normalize(raw_obs, args.clip_obs)
+    if run.checkpoint:
+        agent.load_state_dict(run.checkpoint["agent"])
+        optimizer.load_state_dict(run.checkpoint["optimizer"])
+        obs_rms.load_state_dict(run.checkpoint["obs_rms"])
+        reward_scaler.load_state_dict(run.checkpoint["reward_scaler"])
+        envs, next_obs = restore_envs(envs, run.checkpoint["envs"])
+        if next_obs is None:  # the environments were not saved: the fresh ones start new episodes
+            reward_scaler.carry.zero_()
+        global_step, iteration = run.checkpoint["global_step"], run.checkpoint["iteration"]
+    next_obs = observe(next_obs_np) if next_obs is None else next_obs.to(device)
 
-    def write_checkpoint(iteration: int) -> Path:
-        path = run.dir / CHECKPOINT_NAME
-        writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(
-            path,
-            args,
-            global_step=global_step,
-            iteration=iteration,
+    def training_state() -> dict:
+        """What a checkpoint holds; resuming reads back each of these."""
+        return dict(
             agent=agent.state_dict(),
             optimizer=optimizer.state_dict(),
             obs_rms=obs_rms.state_dict(),
             reward_scaler=reward_scaler.state_dict(),
-            envs=snapshot_envs(envs),
-            next_obs=next_obs.cpu().numpy(),
-            wandb_id=run.wandb_id,
+            envs=snapshot_envs(envs, next_obs),
+            global_step=global_step,
+            iteration=iteration,
         )
-        return path
 
-    progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (
-        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
-    )
-    start_time, start_step = time.time(), global_step
-    columns = [obs_dim, act_dim, 1, 1, 1, 1]  # obs | action | log-prob | advantage | return | value
-    advantage_column = obs_dim + act_dim + 1
-
-    for iteration in range(start_iteration, args.num_iterations + 1):
+    run.begin(training_state)
+    while iteration < args.num_iterations:
+        iteration += 1
         if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
 
-        # Rollout: one host-to-device copy of the observations and one device-to-host copy of
-        # the actions per step; everything else is staged and moved once per rollout.
+        # 1. Collect a rollout: one host-to-device copy of the observations and one device-to-host
+        # copy of the actions per step; rewards and episode ends are moved once per rollout.
         with torch.no_grad():
-            noise = torch.randn((args.num_steps, args.num_envs, act_dim), device=device)
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 storage.obs[step] = next_obs
-                action = agent.sample_action(next_obs, noise[step])
+                action = agent.sample_action(next_obs)
                 storage.actions[step] = action
                 next_obs_np, reward, terminated, truncated, infos = envs.step(
                     action.clamp(action_low, action_high).cpu().numpy()
                 )
-                raw_obs = torch.as_tensor(next_obs_np, device=device).view(args.num_envs, obs_dim)
-                obs_rms.update(raw_obs)
-                next_obs = obs_rms.normalize(raw_obs, args.clip_obs)
+                next_obs = observe(next_obs_np)
                 storage.rewards[step] = reward
                 storage.terminations[step] = terminated
                 storage.truncations[step] = truncated
@@ -561,159 +480,102 @@ if __name__ == "__main__":
                     storage.final_obs[step, torch.as_tensor(bootstrap_final, device=device)] = obs_rms.normalize(
                         final_obs.view(-1, obs_dim), args.clip_obs
                     )
-                if "episode" in infos:
-                    finished = infos["_episode"]
-                    for episodic_return, episodic_length in zip(
-                        infos["episode"]["r"][finished], infos["episode"]["l"][finished]
-                    ):
-                        writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                        writer.add_scalar("charts/episodic_length", episodic_length, global_step)
-                    progress.add_returns(infos["episode"]["r"][finished])
+                run.log_episodes(global_step, infos)
 
-            # Rewards scaled, then values and log-probabilities of the whole rollout in batched passes.
+            # 2. Advantages: rewards scaled, then values and log-probabilities of the whole rollout in batched passes.
             terminations = storage.to_device(storage.terminations)
             truncations = storage.to_device(storage.truncations)
             rewards = reward_scaler(storage.to_device(storage.rewards), torch.maximum(terminations, truncations))
-            logprobs, values = agent.log_prob_and_value(storage.obs, storage.actions)
-            logprobs, values = logprobs.squeeze(-1), values.squeeze(-1)
-            next_values = torch.cat([values[1:], agent.get_value(next_obs).view(1, args.num_envs)])
+            values = agent.get_value(torch.cat([storage.obs, next_obs.unsqueeze(0)]))
+            next_values = values[1:]
             if storage.truncations.any():
-                final_values = agent.get_value(storage.final_obs).squeeze(-1)
+                final_values = agent.get_value(storage.final_obs)
                 next_values = torch.where(truncations * (1 - terminations) > 0, final_values, next_values)
                 storage.final_obs.zero_()
+            values = values[:-1]
             advantages = compute_gae(
                 rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
             )
             returns = advantages + values
-            # The whole batch in one tensor, so a minibatch is a slice of one shuffled copy.
-            b_data = torch.cat(
-                [
-                    storage.obs.view(args.batch_size, obs_dim),
-                    storage.actions.view(args.batch_size, act_dim),
-                    logprobs.view(-1, 1),
-                    advantages.view(-1, 1),
-                    returns.view(-1, 1),
-                    values.view(-1, 1),
-                ],
-                dim=1,
-            )
-            b_returns, b_values = returns.view(-1), values.view(-1)
 
-        # Optimise the policy and value network
+            b_obs, b_actions = storage.obs.reshape(-1, obs_dim), storage.actions.reshape(-1, act_dim)
+            b_logprobs = agent.log_prob(b_obs, b_actions)
+            batch = Batch(b_obs, b_actions, b_logprobs, advantages.view(-1), returns.view(-1), values.view(-1))
+
+        # 3. Update the policy and value network
         ratios = []  # detached, for the clip fraction at logging time
         for epoch in range(args.update_epochs):
-            # One gather per epoch: the shuffled batch, cut into contiguous minibatches.
-            b_shuffled = b_data[torch.randperm(args.batch_size, device=device)]
+            # One gather per field and epoch, minibatches are slices of it, and the advantages of every minibatch
+            # normalised by the minibatch's mean and std in one op: 7% faster than indexing per minibatch (measured).
+            shuffled = batch.take(torch.randperm(args.batch_size, device=device))
             if args.norm_adv:
-                # Each minibatch's advantages normalised by its own mean and std, all minibatches in one go.
-                mb_advantages = b_shuffled[:, advantage_column].view(args.num_minibatches, args.minibatch_size)
-                adv_std, adv_mean = torch.std_mean(mb_advantages, dim=1, keepdim=True)
-                b_shuffled[:, advantage_column] = ((mb_advantages - adv_mean) / (adv_std + 1e-8)).view(-1)
-            for minibatch in b_shuffled.split(args.minibatch_size):
-                mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = minibatch.split(columns, dim=1)
-                newlogprob, newvalue = agent.log_prob_and_value(mb_obs, mb_actions)
-                logratio = newlogprob - mb_logprobs
+                by_minibatch = shuffled.advantages.view(args.num_minibatches, args.minibatch_size)
+                std, mean = torch.std_mean(by_minibatch, dim=1, keepdim=True)
+                shuffled = shuffled._replace(advantages=((by_minibatch - mean) / (std + 1e-8)).view(-1))
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb = shuffled.take(slice(start, start + args.minibatch_size))
+                newlogprob = agent.log_prob(mb.obs, mb.actions)
+                newvalue = agent.get_value(mb.obs)
+                logratio = newlogprob - mb.logprobs
                 ratio = logratio.exp()
                 ratios.append(ratio.detach())
 
                 # Policy loss
-                pg_loss1 = -mb_advantages * ratio
-                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                pg_loss1 = -mb.advantages * ratio
+                pg_loss2 = -mb.advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
                 pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
                 # Value loss
                 if args.clip_vloss:
-                    v_loss_unclipped = (newvalue - mb_returns) ** 2
-                    v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
-                    v_loss_clipped = (v_clipped - mb_returns) ** 2
+                    v_loss_unclipped = (newvalue - mb.returns) ** 2
+                    v_delta = torch.clamp(newvalue - mb.values, -args.clip_coef, args.clip_coef)
+                    v_loss_clipped = (mb.values + v_delta - mb.returns) ** 2
                     v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                 else:
-                    v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+                    v_loss = 0.5 * ((newvalue - mb.returns) ** 2).mean()
 
                 loss = pg_loss + v_loss * args.vf_coef
-                if args.ent_coef != 0:  # the entropy does not depend on the state: no per-sample term
+                if args.ent_coef != 0:  # one state-independent term, not one per sample
                     loss = loss - args.ent_coef * agent.entropy()
 
                 optimizer.zero_grad()
                 loss.backward()
-                nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
 
-            # The KL estimates of the epoch's last minibatch (http://joschu.net/blog/kl-approx.html).
+            # The KL estimates (http://joschu.net/blog/kl-approx.html) of the epoch's last minibatch, once per
+            # epoch rather than per minibatch: 5% faster (measured). The early stop reads them on the host.
             with torch.no_grad():
                 old_approx_kl = (-logratio).mean()
                 approx_kl = ((ratio - 1) - logratio).mean()
-            # The early stop reads the KL on the host: one sync per epoch, only when asked for.
             if args.target_kl is not None and approx_kl.item() > args.target_kl:
                 break
 
-        # Logging: one device-to-host read per iteration.
-        with torch.no_grad():
-            var_y = b_returns.var()
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var() / var_y)
-            stats = torch.stack(
-                [
-                    v_loss,
-                    pg_loss,
-                    agent.entropy(),
-                    old_approx_kl,
-                    approx_kl,
-                    ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean(),
-                    explained_var,
-                ]
-            ).tolist()
-        for name, value in zip(
-            ["value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"],
-            stats,
-        ):
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
-        progress.update(global_step)
+        # 4. Log (one device-to-host read per iteration) and checkpoint when due
+        var_y = batch.returns.var()
+        explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch.returns - batch.values).var() / var_y)
+        run.log(
+            global_step,
+            {
+                "losses/value_loss": v_loss,
+                "losses/policy_loss": pg_loss,
+                "losses/entropy": agent.entropy(),
+                "losses/old_approx_kl": old_approx_kl,
+                "losses/approx_kl": approx_kl,
+                "losses/clipfrac": ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean(),
+                "losses/explained_variance": explained_var,
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            },
+        )
+        run.end_iteration(global_step)
 
-        for name, value in zip(["value_loss", "policy_loss", "entropy"], stats):
-            if not np.isfinite(value):
-                path = write_checkpoint(iteration)
-                fail(
-                    f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}"
-                )
-        if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
-            path = write_checkpoint(iteration)
-            if next_checkpoint is not None:
-                next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every
-            if stop:
-                print(f"\n{stop.received}: checkpoint written to {path}; continue with --resume {path}", flush=True)
-                envs.close()
-                run.close()
-                raise SystemExit(0)
-
-    progress.close(global_step)
     envs.close()
-
-    if args.save_model:
-        model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(
-            model_path,
-            args,
-            agent=agent.state_dict(),
-            obs_rms=obs_rms.state_dict(),
-            return_rms=reward_scaler.return_rms.state_dict(),
-            obs_dim=obs_dim,
-            act_dim=act_dim,
-        )
-        print(f"model saved to {model_path}")
-        episodic_returns = evaluate(
-            model_path,
-            args.eval_episodes,
-            device,
-            seed=args.seed + 1_000,
-            capture_video=args.capture_video,
-            video_dir=run.dir / "videos" / "eval",
-        )
-        for idx, episodic_return in enumerate(episodic_returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(
-            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
-        )
-
-    run.close()
+    run.finish(
+        global_step,
+        evaluate,
+        agent=agent.state_dict(),
+        obs_rms=obs_rms.state_dict(),
+        return_rms=reward_scaler.return_rms.state_dict(),
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+    )

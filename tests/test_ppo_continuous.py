@@ -237,18 +237,37 @@ def test_log_prob_entropy_and_sampling_match_a_diagonal_gaussian():
     agent = pca.Agent(4, 2)
     with torch.no_grad():
         agent.actor_logstd.copy_(torch.tensor([-0.5, 0.3]))
+        agent.actor_mean[-1].bias.copy_(torch.tensor([1.5, -2.0]))
         obs, actions = torch.randn(6, 4), torch.randn(6, 2)
-        log_prob, value = agent.log_prob_and_value(obs, actions)
-        normal = torch.distributions.Normal(agent.action_mean(obs), agent.actor_logstd.exp())
-        assert log_prob.shape == value.shape == (6, 1)
-        torch.testing.assert_close(log_prob.squeeze(-1), normal.log_prob(actions).sum(-1))
-        torch.testing.assert_close(value, agent.get_value(obs))
+        log_prob, value = agent.log_prob(obs, actions), agent.get_value(obs)
+        normal = torch.distributions.Normal(agent.actor_mean(obs), agent.actor_logstd.exp())
+        assert log_prob.shape == value.shape == (6,)
+        torch.testing.assert_close(log_prob, normal.log_prob(actions).sum(-1))
+        torch.testing.assert_close(value, agent.critic(obs)[:, 0])
         torch.testing.assert_close(agent.entropy(), normal.entropy().sum(-1)[0])
         # Samples of one state have the policy's mean and standard deviation.
         state = torch.zeros(50_000, 4)
-        samples = agent.sample_action(state, torch.randn(50_000, 2))
-        torch.testing.assert_close(samples.mean(0), agent.action_mean(state[0]), atol=0.02, rtol=0)
+        samples = agent.sample_action(state)
+        torch.testing.assert_close(samples.mean(0), agent.actor_mean(state[0]), atol=0.02, rtol=0)
         torch.testing.assert_close(samples.std(0), agent.actor_logstd.exp(), atol=0.02, rtol=0)
+
+
+def test_batch_take_selects_the_same_rows_of_every_field():
+    fields = [
+        torch.arange(12.0).view(6, 2),
+        torch.arange(6.0),
+        torch.arange(6.0) * 10,
+        *(torch.randn(6) for _ in range(3)),
+    ]
+    batch = pca.Batch(*fields)
+    rows = torch.tensor([4, 0, 5])
+    for taken, field in zip(batch.take(rows), fields):
+        assert torch.equal(taken, field[rows])
+    assert torch.equal(batch.take(slice(1, 3)).obs, fields[0][1:3]) and batch.take(rows).logprobs.tolist() == [
+        40,
+        0,
+        50,
+    ]
 
 
 def test_evaluate_uses_the_saved_statistics_frozen(tmp_path, monkeypatch):
@@ -263,6 +282,7 @@ def test_evaluate_uses_the_saved_statistics_frozen(tmp_path, monkeypatch):
     save_model(
         path,
         args,
+        pca.__file__,
         agent=agent.state_dict(),
         obs_rms=obs_rms.state_dict(),
         return_rms=pca.RunningMeanStd(()).state_dict(),
@@ -329,7 +349,7 @@ def test_resume_rejects_a_checkpoint_of_another_script(workdir):
     from cleanrl_utils.checkpoint import CHECKPOINT_FORMAT
 
     other = workdir / "other.pt"
-    torch.save({"format": CHECKPOINT_FORMAT, "exp_name": "ppo", "env_id": "Hopper-v5", "args": {}}, other)
+    torch.save({"format": CHECKPOINT_FORMAT, "script": "ppo", "env_id": "Hopper-v5", "args": {}}, other)
     assert_bad_input(
         run_script(SCRIPT, "--resume", str(other), cwd=workdir),
         workdir,
@@ -415,6 +435,11 @@ def test_sigkill_then_resume_on_hopper_reproduces_the_uninterrupted_run(hopper_r
     assert run_dirs(tmp_path) == [run_dir], "resume must continue the same run directory"
     returns = episodic_returns(run_dir)
     assert len(returns) > 20 and returns == episodic_returns(hopper_run)
+    # Every iteration updates before it logs, so every curve but the wall-clock SPS continues exactly.
+    scalars, straight = read_scalars(run_dir), read_scalars(hopper_run)
+    assert scalars.keys() == straight.keys()
+    for key in sorted(set(straight) - {"charts/SPS"}):
+        assert scalars[key] == straight[key], key
     model, straight_model = load(run_dir / MODEL), load(hopper_run / MODEL)
     for key in ("agent", "obs_rms", "return_rms"):
         assert_same_tensors(model[key], straight_model[key])
