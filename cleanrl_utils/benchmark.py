@@ -159,7 +159,8 @@ def run_jobs(jobs: list[Job], workers: int, runs_root: Path) -> None:
         candidates = timed or candidates
         if len(candidates) > 1:
             print(
-                f"warning: {job.label}: several new run directories ({', '.join(d.name for d in candidates)}); using the last",
+                f"warning: {job.label}: several new run directories ({', '.join(d.name for d in candidates)}); "
+                "using the last",
                 file=sys.stderr,
             )
         job.run_dir = candidates[-1] if candidates else None
@@ -216,7 +217,8 @@ def render_slurm(template: str, commands: list[str], job_name: str, workdir: Pat
     missing = [name for name in REQUIRED_PLACEHOLDERS if name not in used]
     if missing:
         fail(
-            f"--slurm-template: the template needs a {{{{{missing[0]}}}}} placeholder (see python -m cleanrl_utils.benchmark --help)"
+            f"--slurm-template: the template needs a {{{{{missing[0]}}}}} placeholder "
+            "(see python -m cleanrl_utils.benchmark --help)"
         )
     return PLACEHOLDER.sub(lambda match: values[match.group(1)], template)
 

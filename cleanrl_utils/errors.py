@@ -59,5 +59,6 @@ def check_fits(nbytes: int, device, what: str, flag: str) -> None:
     free = available_memory(device)
     if nbytes > free:
         fail(
-            f"{flag}: the {what} needs {nbytes / 1e9:.1f} GB but {device} has {free / 1e9:.1f} GB available; lower {flag}"
+            f"{flag}: the {what} needs {nbytes / 1e9:.1f} GB but {device} has {free / 1e9:.1f} GB available; "
+            f"lower {flag}"
         )

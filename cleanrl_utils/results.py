@@ -5,7 +5,8 @@
 
 Per environment and script: the number of seeds, the score (the mean of the last 100 episodic
 returns of each run, then mean +- std across runs; `--last-episodes Pendulum-v1=10` scores an
-environment on fewer, for short runs whose early episodes are the random warm-up), the training steps, the wall time of a run
+environment on fewer, for short runs whose early episodes are the random warm-up), the training steps,
+the wall time of a run
 (first to last TensorBoard event) and its SPS (total steps / wall time). The machine is written
 under the table.
 
@@ -201,7 +202,8 @@ def markdown_table(rows: list[dict], machine: str) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(row[h]) for h in header) + " |" for row in rows]
     note = (
-        "Return: mean of each run's last episodic returns (as many as the scored-episodes column says), then mean +- std across seeds. "
+        "Return: mean of each run's last episodic returns (as many as the scored-episodes column says), "
+        "then mean +- std across seeds. "
         "Wall time: first to last TensorBoard event of a run (after start-up). SPS: steps / wall time."
     )
     return "\n".join(lines) + f"\n\n{note}\n\nMachine: {machine}\n"

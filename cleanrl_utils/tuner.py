@@ -235,7 +235,8 @@ class Tuner:
                 if type(error).__name__ not in racing or attempt == 11:
                     reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
                     fail(
-                        f"storage {self.storage!r}: cannot open study {self.study_name!r} ({type(error).__name__}: {reason})"
+                        f"storage {self.storage!r}: cannot open study {self.study_name!r} "
+                        f"({type(error).__name__}: {reason})"
                     )
                 time.sleep(0.1 * (attempt + 1))
 
@@ -312,7 +313,8 @@ def parse_param(spec: str) -> tuple[str, Callable]:
     except ValueError:
         pass
     fail(
-        f"--param {spec!r}: write NAME=uniform:LOW,HIGH, NAME=loguniform:LOW,HIGH, NAME=int:LOW,HIGH or NAME=categorical:A,B,..."
+        f"--param {spec!r}: write NAME=uniform:LOW,HIGH, NAME=loguniform:LOW,HIGH, NAME=int:LOW,HIGH "
+        "or NAME=categorical:A,B,..."
     )
 
 
