@@ -118,13 +118,14 @@ class Run:
         """Start the training loop. `training_state()` returns everything a checkpoint holds
         (networks, optimisers, buffers, environments, counters, with "global_step"); a resumed
         run has read it back from `run.checkpoint`. Resuming, the random number generators are
-        restored here, after the set-up that drew from them. Starts the clock of charts/SPS."""
+        restored here, after the set-up that drew from them. Starts the clock of charts/SPS and of the console line."""
         self.training_state = training_state
         if self.checkpoint is not None:
             restore_rng_state(self.checkpoint["rng"])
         every = self.args.checkpoint_every
         self.next_checkpoint = (self.start_step // every + 1) * every if every else None
         self.start_time = time.time()
+        self.progress.start_time = time.perf_counter()  # the console SPS also counts from here
 
     def write_checkpoint(self) -> Path:
         self.writer.flush()  # events up to the checkpoint must be on disk: a resumed run purges the later ones
