@@ -1,52 +1,27 @@
 """Soft Actor-Critic (SAC) for continuous actions, with automatic entropy tuning.
 
-Haarnoja et al. 2018, "Soft Actor-Critic: Off-Policy Maximum Entropy Deep Reinforcement
-Learning with a Stochastic Actor" (https://arxiv.org/abs/1801.01290) and "Soft Actor-Critic
-Algorithms and Applications" (https://arxiv.org/abs/1812.05905): twin Q-networks with Polyak-
-averaged targets, a tanh-squashed Gaussian policy trained to maximise min(Q1, Q2) plus entropy,
-and an entropy coefficient alpha tuned towards a target entropy of -|A|. As in CleanRL, the
-policy is updated every `policy_frequency` steps, `policy_frequency` times in a row. One
-difference: the alpha loss uses the log-probabilities drawn for the policy's step (as SB3 and
-Spinning Up do) where CleanRL draws new ones after that step.
+Haarnoja et al. 2018 (https://arxiv.org/abs/1801.01290, https://arxiv.org/abs/1812.05905): twin
+Q-networks with Polyak-averaged targets, a tanh-squashed Gaussian policy that maximises min(Q1, Q2)
+plus entropy, and an entropy coefficient alpha tuned towards a target entropy of -|A|. As in CleanRL
+the policy takes `policy_frequency` steps every `policy_frequency` critic steps; the alpha loss
+reuses the policy step's log-probabilities (as SB3 and Spinning Up do).
 
-Action space: a bounded 1-D Box (any bounds, also asymmetric: the squashed action is scaled
-and shifted into them). Observations: a flat Box, or a Dict of Boxes (flattened). Environments:
-vectorised gymnasium environments: MuJoCo (Hopper-v5, HalfCheetah-v5, Walker2d-v5, Ant-v5,
-Humanoid-v5 ...), dm_control through shimmy (dm_control/cheetah-run-v0 ...), Pendulum-v1.
+Action space: a bounded 1-D Box. Observations: a Box or a Dict of Boxes (flattened). Environments:
+vectorised gymnasium: MuJoCo (Hopper-v5 ...), dm_control via shimmy, Pendulum-v1. One gradient step
+per environment step; a truncation bootstraps from the true final observation, only a termination
+cuts the target. Resuming on the CPU is exact (dm_control and video runs get fresh environments).
 
     uv run python cleanrl/sac_continuous_action.py --env-id Hopper-v5
-    uv run python cleanrl/sac_continuous_action.py --env-id Pendulum-v1 --total-timesteps 20000
 
-Expect Pendulum-v1 to climb from about -1200 (random play) to about -150 within 3-4k gradient
-steps (by step 5k with --learning-starts 1000; seeds 1 and 2 checked). For reference, CleanRL's
-SAC reaches 2310 +- 343 on Hopper, 9635 +- 1424 on HalfCheetah and 3591 +- 911 on Walker2d
-(MuJoCo v4, 1M steps); our own numbers are in benchmark/results/sac.md.
-
-One gradient step per environment step (num_envs of them per vector step), so the ratio of
-updates to data does not depend on --num-envs. Environments reset in the same step an episode
-ends (gymnasium's SAME_STEP autoreset); the replay buffer stores the true final observation of
-an ended episode as its next observation, and its termination (not its truncation) as the done
-flag, so a time-limit truncation is bootstrapped and only a termination cuts the target.
-Checkpoints hold the replay buffer, the networks and their targets, the optimisers, log_alpha
-and the environments: classic-control simulators are pickled and MuJoCo ones saved with
-mj_getState, so a resumed run on the CPU continues exactly as the uninterrupted one would.
-dm_control environments cannot be saved (gymnasium's FlattenObservation holds a lambda, which
-does not pickle), nor can environments that record video: those runs resume with everything
-else restored and freshly reset environments.
-
-Speed: the update dominates, so the two critics are held as stacked weights and evaluated as
-one batched matrix product per layer, the actor's loss backpropagates into the actions only
-(not into the critics' weights), one draw of the policy serves both the actor and the alpha
-loss (one backward, one optimizer step), Adam is fused, the target update is one foreach lerp,
-alpha stays a device tensor, and nothing is read back to the host except every LOG_EVERY steps
-for logging. --compile compiles the two loss functions with torch.compile; that is for GPUs: on
-this 2-core CPU compiling took about a minute and the compiled step was slower than eager.
+Expect Pendulum-v1 about -170 after 20k steps (random play: about -1200) and Hopper-v5 about 1900
+after 200k steps (benchmark/results/sac.md).
 """
 
+import copy
+import itertools
 import math
 import os
-import random
-import time
+from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,19 +32,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from cleanrl_utils.checkpoint import (
-    CHECKPOINT_NAME,
-    StopSignal,
-    load_checkpoint,
-    load_model,
-    restore_envs,
-    restore_rng_state,
-    save_checkpoint,
-    save_model,
-    snapshot_envs,
-)
-from cleanrl_utils.errors import check_env_id, check_positive, fail
-from cleanrl_utils.progress import Progress
+from cleanrl_utils.checkpoint import load_model, restore_envs, snapshot_envs
+from cleanrl_utils.errors import check_env_id, check_fits, check_positive, fail
 from cleanrl_utils.run import Run
 
 
@@ -84,8 +48,7 @@ class Args:
     cuda: bool = True
     """if toggled, use a GPU when one is present (the CPU otherwise)"""
     torch_threads: int = 0
-    """CPU threads for torch; 0 = one per core (torch's default): the 256x256 updates at batch 256
-    are bound by matrix products, which split well across cores"""
+    """CPU threads for torch; 0 = one per core (torch's default): the updates are bound by matrix products"""
     track: bool = False
     """if toggled, mirror the run to Weights & Biases (offline when there is no network or API key)"""
     wandb_project_name: str = "cleanRL"
@@ -131,22 +94,17 @@ class Args:
     autotune: bool = True
     """automatic tuning of the entropy coefficient towards a target entropy of -|A|"""
     compile: bool = False
-    """if toggled, compile the losses with torch.compile (changes float rounding and the policy's
-    random draws; meant for GPUs: on a CPU compiling takes a minute or more and gains nothing)"""
+    """if toggled, compile the losses with torch.compile (meant for GPUs; changes float rounding and random draws)"""
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for (deterministic mean action)"""
 
 
-# Losses, alpha and SPS are read back from the device and logged every this many steps.
-LOG_EVERY = 100
-# Bounds of the policy's log standard deviation (the network's output is squashed into them).
-LOG_STD_MAX = 2
-LOG_STD_MIN = -5
+LOG_EVERY = 100  # losses, alpha and SPS are read back from the device and logged every this many steps
+LOG_STD_MIN, LOG_STD_MAX = -5, 2  # bounds of the policy's log standard deviation (its output is squashed into them)
 
 
 def register_env_family(env_id: str) -> None:
-    """dm_control ids are registered with gymnasium by importing shimmy (only when asked for:
-    the import takes time and sets up rendering)."""
+    """dm_control ids exist once shimmy is imported; import it (about a second) only when asked for."""
     if env_id.startswith("dm_control/"):
         # With MUJOCO_GL=egl, importing dm_control loads Mesa's libLLVM; torch loading triton's
         # own LLVM after that (the fused optimiser imports torch._dynamo) segfaults. Load torch's first.
@@ -160,40 +118,19 @@ def register_env_family(env_id: str) -> None:
 
 def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
-    check_positive(
-        total_timesteps=args.total_timesteps,
-        num_envs=args.num_envs,
-        buffer_size=args.buffer_size,
-        batch_size=args.batch_size,
-        policy_lr=args.policy_lr,
-        q_lr=args.q_lr,
-        policy_frequency=args.policy_frequency,
-        target_network_frequency=args.target_network_frequency,
-        eval_episodes=args.eval_episodes,
-    )
-    if args.checkpoint_every < 0:
-        fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
-    if args.torch_threads < 0:
-        fail(f"--torch-threads must be 0 (one per core) or positive, got {args.torch_threads}")
-    if args.learning_starts < 0:
-        fail(f"--learning-starts must be 0 or positive, got {args.learning_starts}")
+    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_lr", "q_lr", "policy_frequency")
+    check_positive(**{name: getattr(args, name) for name in positive + ("target_network_frequency", "eval_episodes")})
+    for name in ("checkpoint_every", "torch_threads", "learning_starts", "alpha"):
+        if not getattr(args, name) >= 0:
+            fail(f"--{name.replace('_', '-')} must be 0 or positive, got {getattr(args, name)}")
     if args.learning_starts >= args.total_timesteps:
-        fail(
-            f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: "
-            f"the agent would never learn"
-        )
+        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}")
     if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
         fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
-    if not args.alpha >= 0:
-        fail(f"--alpha must be 0 or positive, got {args.alpha}")
     if args.batch_size > args.buffer_size:
-        fail(
-            f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch"
-        )
+        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; lower the batch")
     if args.num_envs > args.buffer_size:
-        fail(
-            f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself"
-        )
+        fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: a step overwrites itself")
     register_env_family(args.env_id)
     check_env_id(args.env_id)
     try:
@@ -203,26 +140,16 @@ def validate(args: Args) -> None:
     action_space, observation_space = probe.action_space, probe.observation_space
     probe.close()
     if not isinstance(action_space, gym.spaces.Box):
-        fail(
-            f"sac_continuous_action.py handles Box actions but {args.env_id} has {action_space}; "
-            f"use cleanrl/dqn.py (or cleanrl/ppo.py) for Discrete actions"
-        )
-    if len(action_space.shape) != 1:
-        fail(f"sac_continuous_action.py needs 1-D Box actions but {args.env_id} has shape {action_space.shape}")
-    if not (
-        np.all(np.isfinite(action_space.low))
-        and np.all(np.isfinite(action_space.high))
-        and np.all(action_space.low < action_space.high)
-    ):
-        fail(
-            f"sac_continuous_action.py squashes actions into finite bounds low < high, "
-            f"but {args.env_id} has {action_space}"
-        )
+        fail(f"sac_continuous_action.py handles Box actions but {args.env_id} has {action_space}; use cleanrl/dqn.py")
+    low, high = action_space.low, action_space.high
+    if len(action_space.shape) != 1 or not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
+        fail(f"sac_continuous_action.py needs 1-D Box actions in finite bounds; {args.env_id} has {action_space}")
     boxes = observation_space.spaces.values() if isinstance(observation_space, gym.spaces.Dict) else [observation_space]
     if not all(isinstance(space, gym.spaces.Box) for space in boxes):
-        fail(
-            f"sac_continuous_action.py needs Box (or Dict of Box) observations but {args.env_id} has {observation_space}"
-        )
+        fail(f"sac_continuous_action.py needs Box (or Dict of Box) observations; {args.env_id} has {observation_space}")
+    obs_dim, act_dim = gym.spaces.flatdim(observation_space), action_space.shape[0]
+    nbytes = args.buffer_size * sum(ReplayBuffer.field_widths(obs_dim, act_dim)) * 4  # float32 rows
+    check_fits(nbytes, "cuda" if args.cuda and torch.cuda.is_available() else "cpu", "replay buffer", "--buffer-size")
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: Path | None):
@@ -241,18 +168,14 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: Path | None)
 
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_dir: Path | None = None):
-    # SAME_STEP: an env that ends an episode resets at once and returns the true final
-    # observation in infos["final_obs"]. copy=False skips a deepcopy: the returned observation
-    # array is overwritten by the next step, so the loop keeps its own copy.
+    # SAME_STEP: an env that ends an episode resets at once and returns the true final observation in
+    # infos["final_obs"]. copy=False skips a deepcopy: the step overwrites it, so the loop keeps a copy.
     envs = gym.vector.SyncVectorEnv(
         [make_env(env_id, i, capture_video, video_dir) for i in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         copy=False,
     )
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
-
-
-# --- actions: the squashed Gaussian and the Box bounds -----------------------------------------
 
 
 def action_scale_and_bias(low: np.ndarray, high: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,14 +189,8 @@ def to_env_action(squashed: torch.Tensor, action_scale: torch.Tensor, action_bia
     return squashed * action_scale + action_bias
 
 
-def from_env_action(action: torch.Tensor, action_scale: torch.Tensor, action_bias: torch.Tensor) -> torch.Tensor:
-    """An action within the environment's bounds -> [-1, 1] (the inverse of to_env_action)."""
-    return (action - action_bias) / action_scale
-
-
 def random_actions(num_envs: int, action_scale: torch.Tensor, action_bias: torch.Tensor) -> torch.Tensor:
-    """Uniformly random actions within the bounds (the warm-up before learning_starts), drawn
-    with torch's RNG on the device of action_scale."""
+    """Uniformly random actions within the bounds (the warm-up), drawn with torch's RNG on action_scale's device."""
     uniform = torch.rand((num_envs, len(action_scale)), device=action_scale.device) * 2.0 - 1.0
     return to_env_action(uniform, action_scale, action_bias)
 
@@ -281,69 +198,49 @@ def random_actions(num_envs: int, action_scale: torch.Tensor, action_bias: torch
 def squashed_gaussian_log_prob(
     u: torch.Tensor, noise: torch.Tensor, log_std: torch.Tensor, action_scale: torch.Tensor
 ) -> torch.Tensor:
-    """log density of the action a = tanh(u) * action_scale + action_bias, where
-    u = mean + exp(log_std) * noise and noise ~ N(0, I), summed over action dimensions.
-
-    Change of variables: log pi(a) = log N(u; mean, std) - sum log |da/du|, with
-    log N(u; mean, std) = -noise^2 / 2 - log_std - log(2 pi) / 2 and
-    log |da/du| = log action_scale + log(1 - tanh(u)^2). The last term is computed in the
-    numerically stable form 2 * (log 2 - u - softplus(-2u)): no epsilon, and exact where tanh(u)
-    rounds to +-1.
-    """
+    """log density of the action a = tanh(u) * action_scale + action_bias, where u = mean + exp(log_std) * noise
+    and noise ~ N(0, I), summed over action dimensions. Change of variables: log pi(a) = log N(u; mean, std)
+    - sum log |da/du|, with log N(u; mean, std) = -noise^2 / 2 - log_std - log(2 pi) / 2 and log |da/du| =
+    log action_scale + log(1 - tanh(u)^2), the last term in the stable form 2 * (log 2 - u - softplus(-2u)):
+    no epsilon, and exact where tanh(u) rounds to +-1."""
     normal_log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
     log_abs_det = torch.log(action_scale) + 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
     return (normal_log_prob - log_abs_det).sum(-1)
 
 
-def soft_q_target(
-    rewards: torch.Tensor,
-    terminations: torch.Tensor,
-    next_q_min: torch.Tensor,
-    next_log_prob: torch.Tensor,
-    alpha: torch.Tensor,
-    gamma: float,
-) -> torch.Tensor:
+def soft_q_target(rewards, terminations, next_q_min, next_log_prob, alpha, gamma: float) -> torch.Tensor:
     """r + gamma * (min_i Q_target_i(s', a') - alpha * log pi(a'|s')) with a' ~ pi(.|s'), the
     bootstrap dropped where the episode terminated. A truncated transition keeps its bootstrap:
     its s' is the true final observation."""
     return rewards + gamma * (1.0 - terminations) * (next_q_min - alpha * next_log_prob)
 
 
-# --- networks ------------------------------------------------------------------------------------
+def q_network(obs_dim: int, act_dim: int, hidden: int = 256) -> nn.Sequential:
+    """Q(s, a), one critic: a 256x256 ReLU MLP on the concatenated observation and action."""
+    layers = [nn.Linear(obs_dim + act_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(hidden, 1))
 
 
 class TwinQNetwork(nn.Module):
-    """Q1 and Q2, two 256x256 ReLU MLPs on (observation, action), held as stacked weights.
+    """Q1 and Q2: two independently initialised q_networks, their parameters stacked along a leading critic
+    dimension (torch.func.stack_module_state) and both evaluated by one batched product per layer, on columns
+    [critic, features, batch] (h = W h + b: each weight gradient comes out in the weight's own layout). Per SAC
+    update (CPU, batch 256) two separate networks measured 5% slower, torch.vmap(functional_call) over the
+    stacked parameters 24% slower (benchmark/results/sac.md)."""
 
-    weights[l][i] and biases[l][i] are layer l of critic i (out x in, like nn.Linear's weight).
-    Both critics run as one batched matrix product per layer (torch.baddbmm): half the calls of
-    two separate networks, and one fused Adam / lerp over 6 tensors instead of 12. Activations
-    are columns, [critic, features, batch], so that a layer is h' = W h + b and every weight
-    gradient comes out in the weight's own layout (no transposed copy per backward). Each critic
-    is initialised like nn.Linear (uniform in +-1/sqrt(fan_in)), independently.
-    """
-
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, num_critics: int = 2):
+    def __init__(self, obs_dim: int, act_dim: int, num_critics: int = 2):
         super().__init__()
-        sizes = [obs_dim + act_dim, hidden, hidden, 1]
-        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-            bound = 1.0 / math.sqrt(fan_in)
-            self.weights.append(nn.Parameter(torch.empty(num_critics, fan_out, fan_in).uniform_(-bound, bound)))
-            self.biases.append(nn.Parameter(torch.empty(num_critics, fan_out, 1).uniform_(-bound, bound)))
+        stacked, _ = torch.func.stack_module_state([q_network(obs_dim, act_dim) for _ in range(num_critics)])
+        # Per Linear layer, in order: weights [critic, out, in] and biases [critic, out, 1].
+        self.weights = nn.ParameterList(p.detach() for name, p in stacked.items() if name.endswith("weight"))
+        self.biases = nn.ParameterList(p.detach().unsqueeze(-1) for name, p in stacked.items() if name.endswith("bias"))
 
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor, frozen: bool = False) -> torch.Tensor:
-        """Q-values of each critic, shape [num_critics, batch]. frozen: gradients flow to the
-        inputs only, not to the critics' weights (the actor's loss needs dQ/da alone)."""
-        h = torch.cat([obs, actions], dim=-1).T  # [features, batch]
-        h = h.unsqueeze(0).expand(len(self.weights[0]), *h.shape)  # the same input for every critic
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        h = torch.cat([obs, actions], dim=-1).T.expand(len(self.weights[0]), -1, -1)  # the same input for each
         for layer, (w, b) in enumerate(zip(self.weights, self.biases)):
-            if frozen:
-                w, b = w.detach(), b.detach()
             h = torch.baddbmm(b, w, h)  # b + W h, per critic
-            if layer < len(self.weights) - 1:
-                h = torch.relu_(h)
-        return h.squeeze(1)
+            h = h.relu_() if layer < len(self.weights) - 1 else h
+        return h.squeeze(1)  # [num_critics, batch]
 
 
 class Actor(nn.Module):
@@ -352,22 +249,19 @@ class Actor(nn.Module):
 
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray, hidden: int = 256):
         super().__init__()
-        act_dim = len(action_low)
         self.fc1 = nn.Linear(obs_dim, hidden)
         self.fc2 = nn.Linear(hidden, hidden)
-        self.fc_mean = nn.Linear(hidden, act_dim)
-        self.fc_logstd = nn.Linear(hidden, act_dim)
+        self.fc_mean = nn.Linear(hidden, len(action_low))
+        self.fc_logstd = nn.Linear(hidden, len(action_low))
         action_scale, action_bias = action_scale_and_bias(action_low, action_high)
         self.register_buffer("action_scale", action_scale)
         self.register_buffer("action_bias", action_bias)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Functional calls on the layers' parameters: the same maths as nn.Sequential, without a
-        # module call per layer; ReLU in place (linear's backward does not need its output).
-        x = torch.relu_(F.linear(obs, self.fc1.weight, self.fc1.bias))
-        x = torch.relu_(F.linear(x, self.fc2.weight, self.fc2.bias))
-        mean = F.linear(x, self.fc_mean.weight, self.fc_mean.bias)
-        log_std = torch.tanh(F.linear(x, self.fc_logstd.weight, self.fc_logstd.bias))
+        x = F.relu(self.fc1(obs))
+        x = F.relu(self.fc2(x))
+        mean = self.fc_mean(x)
+        log_std = torch.tanh(self.fc_logstd(x))
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # from (-1, 1) into the bounds
         return mean, log_std
 
@@ -385,65 +279,51 @@ class Actor(nn.Module):
         return to_env_action(torch.tanh(mean), self.action_scale, self.action_bias)
 
 
-class ReplayBuffer:
-    """The last `buffer_size` transitions, circular, in one tensor on the training device.
+Transitions = namedtuple("Transitions", "obs next_obs actions rewards terminations")  # one field of the buffer each
 
-    Each row is one transition: obs | next_obs | action | reward | termination. A step of all
-    environments is assembled in a host staging array and written with one host-to-device copy;
-    a minibatch is one gather.
-    """
+
+class ReplayBuffer:
+    """The last `buffer_size` transitions, circular, on the training device. The fields are named column
+    blocks of one float32 tensor [buffer_size, row]: a step of all environments is assembled in a host
+    staging array and written with one host-to-device copy, and a minibatch is one gather."""
 
     def __init__(self, buffer_size: int, num_envs: int, obs_dim: int, act_dim: int, device: torch.device):
-        self.buffer_size, self.obs_dim, self.act_dim = buffer_size, obs_dim, act_dim
-        self.data = torch.zeros((buffer_size, 2 * obs_dim + act_dim + 2), device=device)
-        self.staging = np.zeros((num_envs, 2 * obs_dim + act_dim + 2), dtype=np.float32)
-        self.staging_tensor = torch.from_numpy(self.staging)  # shares the staging memory
+        self.buffer_size, self.widths = buffer_size, self.field_widths(obs_dim, act_dim)
+        self.data = torch.zeros((buffer_size, sum(self.widths)), device=device)
+        self.staging = np.zeros((num_envs, sum(self.widths)), dtype=np.float32)
+        self.step = self.fields(self.staging)  # named views of the staging rows
         self.pos, self.size = 0, 0
 
-    def add(
-        self,
-        obs: np.ndarray,
-        next_obs: np.ndarray,
-        actions: np.ndarray,
-        rewards: np.ndarray,
-        terminations: np.ndarray,
-        infos: dict,
-    ) -> None:
+    @staticmethod
+    def field_widths(obs_dim: int, act_dim: int) -> Transitions:
+        return Transitions(obs=obs_dim, next_obs=obs_dim, actions=act_dim, rewards=1, terminations=1)
+
+    def fields(self, rows):
+        """Named views of the columns of `rows` (a tensor or an array of buffer rows)."""
+        bounds = [0, *itertools.accumulate(self.widths)]
+        obs, next_obs, actions, rewards, terminations = (rows[:, a:b] for a, b in zip(bounds, bounds[1:]))
+        return Transitions(obs, next_obs, actions, rewards[:, 0], terminations[:, 0])
+
+    def add(self, obs, next_obs, actions, rewards, terminations, infos: dict) -> None:
         """Store one step of every environment, as returned by a SAME_STEP vector env."""
-        d, a, n = self.obs_dim, self.act_dim, len(obs)
-        rows = self.staging
-        rows[:, :d] = obs
-        rows[:, d : 2 * d] = next_obs
+        for field, value in zip(self.step, (obs, next_obs, actions, rewards, terminations)):
+            field[:] = value
         if "final_obs" in infos:
             # Where an episode ended, next_obs already holds the first observation of the next
             # episode; the transition leads to the true final one (bootstrapped if truncated).
             ended = infos["_final_obs"]
-            rows[ended, d : 2 * d] = np.stack(infos["final_obs"][ended])
-        rows[:, 2 * d : 2 * d + a] = actions
-        rows[:, 2 * d + a] = rewards
-        rows[:, 2 * d + a + 1] = terminations
-        end = self.pos + n
-        if end <= self.buffer_size:
-            self.data[self.pos : end].copy_(self.staging_tensor)
-        else:  # wrap around
-            split = self.buffer_size - self.pos
-            self.data[self.pos :].copy_(self.staging_tensor[:split])
-            self.data[: n - split].copy_(self.staging_tensor[split:])
-        self.pos = end % self.buffer_size
+            self.step.next_obs[ended] = np.stack(infos["final_obs"][ended])
+        n, staged = len(obs), torch.from_numpy(self.staging)
+        first = min(n, self.buffer_size - self.pos)  # the rows before the end; the others wrap around to the start
+        self.data[self.pos : self.pos + first].copy_(staged[:first])
+        self.data[: n - first].copy_(staged[first:])
+        self.pos = (self.pos + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
-    def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A uniform minibatch (with replacement): obs, next_obs, actions, rewards, terminations."""
+    def sample(self, batch_size: int) -> Transitions:
+        """A uniform minibatch, with replacement."""
         indices = torch.randint(self.size, (batch_size,), device=self.data.device)
-        batch = torch.index_select(self.data, 0, indices)
-        d, a = self.obs_dim, self.act_dim
-        return (
-            batch[:, :d],
-            batch[:, d : 2 * d],
-            batch[:, 2 * d : 2 * d + a],
-            batch[:, 2 * d + a],
-            batch[:, 2 * d + a + 1],
-        )
+        return self.fields(torch.index_select(self.data, 0, indices))
 
     def state_dict(self) -> dict:
         return {"data": self.data[: self.size].cpu(), "pos": self.pos, "size": self.size}
@@ -453,17 +333,9 @@ class ReplayBuffer:
         self.data[: self.size].copy_(state["data"])
 
 
-def evaluate(
-    model_path: str | Path,
-    eval_episodes: int,
-    device: torch.device,
-    seed: int = 0,
-    capture_video: bool = False,
-    video_dir: Path | None = None,
-) -> list[float]:
-    """Reload a model saved by this script and return the episodic returns of its deterministic
-    policy (the squashed mean action)."""
-    model = load_model(model_path, "sac_continuous_action")
+def evaluate(model_path, eval_episodes: int, device, seed=0, capture_video=False, video_dir=None) -> list[float]:
+    """Reload a model saved by this script; the episodic returns of its deterministic policy (the mean action)."""
+    model = load_model(model_path, __file__)
     envs = make_envs(model["env_id"], 1, capture_video, video_dir)
     actor = Actor(model["obs_dim"], envs.single_action_space.low, envs.single_action_space.high).to(device)
     actor.load_state_dict(model["actor"])
@@ -482,133 +354,77 @@ def evaluate(
 if __name__ == "__main__":
     args = tyro.cli(Args)
     validate(args)
-    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
-    stop = StopSignal()  # from here on, SIGTERM/SIGINT lead to a checkpoint and a clean exit
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    run = Run(
-        args,
-        run_dir=Path(args.resume).parent if checkpoint else None,
-        purge_step=checkpoint["global_step"] + 1 if checkpoint else None,
-        wandb_id=checkpoint["wandb_id"] if checkpoint else None,
-    )
-    writer = run.writer
+    run = Run(args, __file__)  # seeds, picks the device, checks --resume, makes the run directory
+    device = run.device
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.dir / "videos")
-    obs_dim = int(np.prod(envs.single_observation_space.shape))
     action_space = envs.single_action_space
-    act_dim = int(action_space.shape[0])
+    obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), int(action_space.shape[0])
 
     actor = Actor(obs_dim, action_space.low, action_space.high).to(device)
     qf = TwinQNetwork(obs_dim, act_dim).to(device)
-    qf_target = TwinQNetwork(obs_dim, act_dim).to(device)
-    qf_target.load_state_dict(qf.state_dict())
-    target_params, online_params = list(qf_target.parameters()), list(qf.parameters())
-
-    # Automatic entropy tuning: alpha = exp(log_alpha), trained so that the policy's entropy
-    # approaches -|A|. alpha is a device tensor updated in place: no host read per step.
+    qf_target = copy.deepcopy(qf)
+    # Automatic entropy tuning: alpha = exp(log_alpha), trained so that the policy's entropy approaches
+    # -|A|; alpha is a device tensor updated in place (no host read per step).
     target_entropy = -float(act_dim)
     log_alpha = torch.zeros((), device=device, requires_grad=True)
     alpha = log_alpha.detach().exp() if args.autotune else torch.tensor(args.alpha, device=device)
     q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
-    # One Adam for the policy and log_alpha, each with its own learning rate: the actor loss and
-    # the alpha loss touch disjoint parameters, so one backward and one step of their sum do
-    # exactly what two separate steps would, in one pass.
+    # One Adam for the policy and log_alpha, each with its own learning rate: the two losses touch disjoint
+    # parameters, so one backward and one step of their sum do exactly what two separate steps would.
     actor_groups = [{"params": list(actor.parameters()), "lr": args.policy_lr}]
     if args.autotune:
         actor_groups.append({"params": [log_alpha], "lr": args.q_lr})
     actor_optimizer = torch.optim.Adam(actor_groups, fused=True)
-
     rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_dim, act_dim, device)
+    # What a checkpoint holds besides log_alpha, the environments and the step (training_state below).
+    stateful = dict(actor=actor, qf=qf, qf_target=qf_target, replay_buffer=rb)
+    stateful.update(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
 
-    def critic_losses(obs, next_obs, actions, rewards, terminations):
-        """The MSE of each critic towards the soft Q target, and each critic's mean Q-value."""
+    def critic_losses(batch: Transitions) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MSE of each critic towards the soft Q target [2], and each critic's mean Q-value [2]."""
         with torch.no_grad():
-            next_actions, next_log_prob = actor.sample(next_obs)
-            next_q_min = qf_target(next_obs, next_actions).amin(0)
-            target = soft_q_target(rewards, terminations, next_q_min, next_log_prob, alpha, args.gamma)
-        q_values = qf(obs, actions)  # [2, batch]
+            next_actions, next_log_prob = actor.sample(batch.next_obs)
+            next_q_min = qf_target(batch.next_obs, next_actions).amin(0)
+            target = soft_q_target(batch.rewards, batch.terminations, next_q_min, next_log_prob, alpha, args.gamma)
+        q_values = qf(batch.obs, batch.actions)
         return ((q_values - target) ** 2).mean(1), q_values.detach().mean(1)
 
-    def actor_losses(obs):
+    def actor_losses(obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy loss, and the alpha loss (with --autotune) on the same log-probabilities."""
         actions, log_prob = actor.sample(obs)
-        min_q = qf(obs, actions, frozen=True).amin(0)
-        actor_loss = (alpha * log_prob - min_q).mean()
+        actor_loss = (alpha * log_prob - qf(obs, actions).amin(0)).mean()
         alpha_loss = (-log_alpha.exp() * (log_prob.detach() + target_entropy)).mean()
         return actor_loss, alpha_loss
 
     if args.compile:
         critic_losses, actor_losses = torch.compile(critic_losses), torch.compile(actor_losses)
 
-    # `critic_stats` / `actor_stats` hold the latest gradient step's device tensors, read back
-    # only when logged.
-    global_step, next_log, critic_stats, actor_stats = 0, LOG_EVERY, None, None
+    global_step = 0
     obs_np, _ = envs.reset(seed=args.seed)
-    if checkpoint:
-        actor.load_state_dict(checkpoint["actor"])
-        qf.load_state_dict(checkpoint["qf"])
-        qf_target.load_state_dict(checkpoint["qf_target"])
-        q_optimizer.load_state_dict(checkpoint["q_optimizer"])
-        actor_optimizer.load_state_dict(checkpoint["actor_optimizer"])
+    if run.checkpoint:
+        for key, stored in stateful.items():
+            stored.load_state_dict(run.checkpoint[key])
         with torch.no_grad():
-            log_alpha.copy_(checkpoint["log_alpha"])
+            log_alpha.copy_(run.checkpoint["log_alpha"])
             alpha.copy_(log_alpha.exp() if args.autotune else torch.tensor(args.alpha))
-        rb.load_state_dict(checkpoint["replay_buffer"])
-        envs = restore_envs(envs, checkpoint["envs"])
-        if checkpoint["envs"] is None:
-            print(
-                "the environments could not be saved with the checkpoint (video recording?): resuming with fresh ones"
-            )
-        else:
-            obs_np = checkpoint["next_obs"]
-        restore_rng_state(checkpoint["rng"])
-        global_step, next_log = checkpoint["global_step"], checkpoint["next_log"]
-        critic_stats, actor_stats = (
-            None if s is None else tuple(t.to(device) for t in s)
-            for s in (checkpoint["critic_stats"], checkpoint["actor_stats"])
-        )
+        envs, obs_np = restore_envs(envs, run.checkpoint["envs"], obs_np)
+        global_step = run.checkpoint["global_step"]
     obs_np = obs_np.astype(np.float32).reshape(args.num_envs, obs_dim)
 
-    def write_checkpoint() -> Path:
-        path = run.dir / CHECKPOINT_NAME
-        writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(
-            path,
-            args,
-            global_step=global_step,
-            next_log=next_log,
-            actor=actor.state_dict(),
-            qf=qf.state_dict(),
-            qf_target=qf_target.state_dict(),
-            q_optimizer=q_optimizer.state_dict(),
-            actor_optimizer=actor_optimizer.state_dict(),
+    def training_state() -> dict:
+        """What a checkpoint holds; resuming reads back each of these."""
+        return dict(
+            **{key: stored.state_dict() for key, stored in stateful.items()},
             log_alpha=log_alpha.detach().cpu(),
-            replay_buffer=rb.state_dict(),
-            envs=snapshot_envs(envs),
-            next_obs=obs_np,
-            critic_stats=None if critic_stats is None else tuple(t.cpu() for t in critic_stats),
-            actor_stats=None if actor_stats is None else tuple(t.cpu() for t in actor_stats),
-            wandb_id=run.wandb_id,
+            envs=snapshot_envs(envs, obs_np),
+            global_step=global_step,
         )
-        return path
 
-    progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (
-        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
-    )
-    start_time, start_step = time.time(), global_step
-
+    qf_losses = q_values = actor_loss = alpha_loss = None  # the latest gradient step's, read back when logged
+    run.begin(training_state)
     while global_step < args.total_timesteps:
-        # Act: uniformly random actions (drawn with torch's RNG on the device) until
-        # learning_starts, then samples of the policy. One host-to-device copy of the
-        # observations, one device-to-host copy of the actions.
+        # 1. Act: uniformly random actions (torch's RNG, on the device) until learning_starts, then
+        # samples of the policy. One host-to-device copy of the observations, one copy back of the actions.
         if global_step < args.learning_starts:
             actions = random_actions(args.num_envs, actor.action_scale, actor.action_bias)
         else:
@@ -620,88 +436,44 @@ if __name__ == "__main__":
         next_obs_np = next_obs_np.reshape(args.num_envs, obs_dim)
         rb.add(obs_np, next_obs_np, actions, rewards, terminations, infos)
         obs_np = next_obs_np.astype(np.float32)  # a copy: the env overwrites next_obs_np in place
-        if "episode" in infos:
-            finished = infos["_episode"]
-            for episodic_return, episodic_length in zip(
-                infos["episode"]["r"][finished], infos["episode"]["l"][finished]
-            ):
-                writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                writer.add_scalar("charts/episodic_length", episodic_length, global_step)
-            progress.add_returns(infos["episode"]["r"][finished])
+        run.log_episodes(global_step, infos)
 
-        # Learn: one gradient step of the critics per environment step t > learning_starts
-        # (num_envs of them per vector step); every policy_frequency-th, policy_frequency steps
-        # of the policy; every target_network_frequency-th, a Polyak update of the targets.
+        # 2. Learn: one critic step per environment step t > learning_starts (num_envs of them per
+        # vector step); every policy_frequency-th, policy_frequency steps of the policy; every
+        # target_network_frequency-th, a Polyak update of the targets.
         for t in range(max(previous_step, args.learning_starts) + 1, global_step + 1):
             batch = rb.sample(args.batch_size)
-            qf_losses, q_values = critic_losses(*batch)
+            qf_losses, q_values = critic_losses(batch)
             q_optimizer.zero_grad()
             qf_losses.sum().backward()
             q_optimizer.step()
-            critic_stats = (q_values, qf_losses.detach())
             if t % args.policy_frequency == 0:
+                qf.requires_grad_(False)  # the policy's loss backpropagates through the critics, not into them
                 for _ in range(args.policy_frequency):
-                    actor_loss, alpha_loss = actor_losses(batch[0])
+                    actor_loss, alpha_loss = actor_losses(batch.obs)
                     actor_optimizer.zero_grad()
-                    # The two losses touch disjoint parameters: one backward serves both.
                     (actor_loss + alpha_loss if args.autotune else actor_loss).backward()
                     actor_optimizer.step()
                     if args.autotune:
                         alpha.copy_(log_alpha.detach().exp())
-                    actor_stats = (actor_loss.detach(), alpha_loss.detach())
+                qf.requires_grad_(True)
             if t % args.target_network_frequency == 0:
                 with torch.no_grad():
-                    torch._foreach_lerp_(target_params, online_params, args.tau)
+                    torch._foreach_lerp_(list(qf_target.parameters()), list(qf.parameters()), args.tau)
 
-        # Logging: one device-to-host read every LOG_EVERY steps.
-        if global_step >= next_log:
-            next_log = (global_step // LOG_EVERY + 1) * LOG_EVERY
-            stats = {}
-            if critic_stats is not None:
-                names = ["losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss", "losses/alpha"]
-                stats.update(zip(names, torch.cat([*critic_stats, alpha.view(1)]).tolist()))
-                stats["losses/qf_loss"] = (stats["losses/qf1_loss"] + stats["losses/qf2_loss"]) / 2.0
-            if actor_stats is not None:
-                names = ["losses/actor_loss", "losses/alpha_loss"] if args.autotune else ["losses/actor_loss"]
-                stats.update(zip(names, torch.stack(actor_stats).tolist()))
-            for name, value in stats.items():
-                writer.add_scalar(name, value, global_step)
-            for name, value in stats.items():
-                if not np.isfinite(value):
-                    path = write_checkpoint()
-                    fail(f"{name} is {value} at step {global_step}; checkpoint written to {path}")
-            writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
-            progress.update(global_step)
+        # 3. Log every LOG_EVERY steps (one device-to-host read), checkpoint when due.
+        if global_step // LOG_EVERY > previous_step // LOG_EVERY:
+            scalars = {}
+            if qf_losses is not None:
+                scalars = {"losses/qf1_values": q_values[0], "losses/qf2_values": q_values[1], "losses/alpha": alpha}
+                scalars.update({"losses/qf1_loss": qf_losses[0], "losses/qf2_loss": qf_losses[1]})
+                scalars["losses/qf_loss"] = qf_losses.mean()
+            if actor_loss is not None:
+                scalars["losses/actor_loss"] = actor_loss
+                if args.autotune:
+                    scalars["losses/alpha_loss"] = alpha_loss
+            run.log(global_step, scalars)
+        run.end_iteration(global_step)
 
-        if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
-            path = write_checkpoint()
-            if next_checkpoint is not None:
-                next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every
-            if stop:
-                print(f"\n{stop.received}: checkpoint written to {path}; continue with --resume {path}", flush=True)
-                envs.close()
-                run.close()
-                raise SystemExit(0)
-
-    progress.close(global_step)
     envs.close()
-
-    if args.save_model:
-        model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(model_path, args, actor=actor.state_dict(), qf=qf.state_dict(), obs_dim=obs_dim, act_dim=act_dim)
-        print(f"model saved to {model_path}")
-        episodic_returns = evaluate(
-            model_path,
-            args.eval_episodes,
-            device,
-            seed=args.seed + 1_000,
-            capture_video=args.capture_video,
-            video_dir=run.dir / "videos" / "eval",
-        )
-        for idx, episodic_return in enumerate(episodic_returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(
-            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
-        )
-
-    run.close()
+    run.finish(global_step, evaluate, actor=actor.state_dict(), qf=qf.state_dict(), obs_dim=obs_dim, act_dim=act_dim)

@@ -1,6 +1,6 @@
 """sac_continuous_action.py: smoke runs (classic control, MuJoCo, dm_control), the squashed
 Gaussian and the soft Q target against their definitions, the twin critics against two plain
-MLPs, the replay buffer, bad input, checkpoints and exact resume, learning."""
+q_networks, the replay buffer's named fields, bad input, checkpoints and exact resume, learning."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import sac_continuous_action as sac
 import torch
-import torch.nn.functional as F
 from conftest import (
     assert_bad_input,
     assert_finite_keys,
@@ -105,6 +104,11 @@ def normal_log_density(u: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -
     return (-0.5 * ((u - mean) / std) ** 2 - torch.log(std) - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
+def from_env_action(action: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """An action within the bounds -> [-1, 1], the inverse of sac.to_env_action."""
+    return (action - bias) / scale
+
+
 def squash_numpy(u: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """a = tanh(u) mapped onto [low, high], written from the definition."""
     return low + (np.tanh(u) + 1.0) / 2.0 * (high - low)
@@ -135,7 +139,7 @@ def test_squashed_density_integrates_to_one_over_asymmetric_bounds():
     scale, bias = (t.double() for t in sac.action_scale_and_bias(low, high))
     mean, log_std = torch.tensor([0.4], dtype=torch.float64), torch.tensor([-0.3], dtype=torch.float64)
     a = torch.linspace(-1.0, 3.0, 400_001, dtype=torch.float64)[1:-1].unsqueeze(-1)
-    u = torch.atanh(sac.from_env_action(a, scale, bias))
+    u = torch.atanh(from_env_action(a, scale, bias))
     density = sac.squashed_gaussian_log_prob(u, (u - mean) / log_std.exp(), log_std, scale).exp()
     assert np.trapezoid(density.numpy(), a[:, 0].numpy()) == pytest.approx(1.0, abs=1e-4)
 
@@ -160,7 +164,7 @@ def test_actor_sample_returns_the_log_density_of_its_action():
     assert ((actions > low) & (actions < high)).all()
     mean, log_std = actor(obs)
     assert (log_std >= sac.LOG_STD_MIN).all() and (log_std <= sac.LOG_STD_MAX).all()
-    u = torch.atanh(sac.from_env_action(actions, actor.action_scale, actor.action_bias))
+    u = torch.atanh(from_env_action(actions, actor.action_scale, actor.action_bias))
     # Change of variables, the textbook way: log N(u) - sum log(scale * (1 - tanh(u)^2)).
     reference = normal_log_density(u, mean, log_std.exp()) - torch.log(
         actor.action_scale * (1 - torch.tanh(u) ** 2)
@@ -181,8 +185,8 @@ def test_action_scaling_round_trips_asymmetric_bounds():
     squashed = torch.rand(1000, 4) * 2 - 1
     actions = sac.to_env_action(squashed, scale, bias)
     assert ((actions >= torch.from_numpy(low)) & (actions <= torch.from_numpy(high))).all()
-    assert torch.allclose(sac.from_env_action(actions, scale, bias), squashed, atol=1e-6)
-    assert torch.allclose(sac.from_env_action(torch.from_numpy(low), scale, bias), -ones)
+    assert torch.allclose(from_env_action(actions, scale, bias), squashed, atol=1e-6)
+    assert torch.allclose(from_env_action(torch.from_numpy(low), scale, bias), -ones)
 
 
 def test_random_actions_are_uniform_within_asymmetric_bounds():
@@ -221,22 +225,26 @@ def test_soft_q_target_cuts_the_bootstrap_only_at_terminations(dtype):
     assert got[1].item() == pytest.approx(0.5 + 0.9 * (4.0 + 0.5))
 
 
-def test_twin_critics_match_two_plain_mlps_and_frozen_leaves_weights_alone():
+def test_twin_critics_are_two_plain_q_networks_and_frozen_ones_pass_gradients_to_the_actions_only():
     torch.manual_seed(0)
     qf = sac.TwinQNetwork(5, 2)
     obs = torch.randn(16, 5)
     actions = torch.randn(16, 2, requires_grad=True)
     q = qf(obs, actions)
     assert q.shape == (2, 16)
-    for i in range(2):
-        x = torch.cat([obs, actions], dim=-1)
-        for layer, (w, b) in enumerate(zip(qf.weights, qf.biases)):
-            x = F.linear(x, w[i], b[i, :, 0])
-            x = F.relu(x) if layer < 2 else x
-        assert torch.allclose(q[i], x[:, 0], atol=1e-5)
+    for i in range(2):  # critic i is an ordinary q_network holding slice i of the stacked parameters
+        critic = sac.q_network(5, 2)
+        linears = [layer for layer in critic if isinstance(layer, torch.nn.Linear)]
+        with torch.no_grad():
+            for linear, w, b in zip(linears, qf.weights, qf.biases):
+                linear.weight.copy_(w[i]), linear.bias.copy_(b[i, :, 0])
+        torch.testing.assert_close(q[i], critic(torch.cat([obs, actions], dim=-1)).squeeze(-1))
     assert not torch.allclose(q[0], q[1])  # independently initialised
+    bound = 1 / 256**0.5  # nn.Linear's initialisation of the hidden layer: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    assert qf.weights[1].abs().max() <= bound and qf.weights[1].abs().max() > 0.95 * bound
     (grad_actions,) = torch.autograd.grad(q.sum(), actions)
-    frozen = qf(obs, actions, frozen=True)
+    qf.requires_grad_(False)  # as in the policy's step: through the critics, not into their weights
+    frozen = qf(obs, actions)
     assert torch.equal(frozen, q.detach())
     frozen.sum().backward()
     assert all(p.grad is None for p in qf.parameters())
@@ -268,14 +276,34 @@ def test_buffer_stores_the_true_final_observation_and_only_terminations():
         seen = [plain.reset(seed=3 + env_index)[0]]
         for step in range(5):
             seen.append(plain.step(actions_taken[step][env_index])[0])
-        rows = rb.data[env_index:14:2]  # obs 0:3 | next_obs 3:6 | action 6 | reward 7 | termination 8
-        np.testing.assert_allclose(rows[4, 3:6].numpy(), seen[5], rtol=1e-6)  # the true final observation
-        assert not np.allclose(rows[4, 3:6].numpy(), returned[4][env_index])  # not the reset one
-        np.testing.assert_array_equal(rows[5, :3].numpy(), returned[4][env_index])  # the next episode starts from it
-        np.testing.assert_array_equal(rows[:, 6].numpy(), [a[env_index, 0] for a in actions_taken])
-        assert rows[:, 8].eq(0).all()  # a truncation is not a termination: it bootstraps
+        rows = rb.fields(rb.data[env_index:14:2])  # this env's transitions, in step order, by field
+        np.testing.assert_allclose(rows.next_obs[4].numpy(), seen[5], rtol=1e-6)  # the true final observation
+        assert not np.allclose(rows.next_obs[4].numpy(), returned[4][env_index])  # not the reset one
+        np.testing.assert_array_equal(rows.obs[5].numpy(), returned[4][env_index])  # the next episode starts from it
+        np.testing.assert_array_equal(rows.actions[:, 0].numpy(), [a[env_index, 0] for a in actions_taken])
+        assert rows.terminations.eq(0).all()  # a truncation is not a termination: it bootstraps
+        for t in range(4):
+            np.testing.assert_array_equal(rows.next_obs[t].numpy(), rows.obs[t + 1].numpy())
     batch = rb.sample(50)
+    assert batch._fields == ("obs", "next_obs", "actions", "rewards", "terminations")
     assert [t.shape for t in batch] == [(50, 3), (50, 3), (50, 1), (50,), (50,)]
+
+
+def test_buffer_wraps_around_and_keeps_the_newest_transitions():
+    rb = sac.ReplayBuffer(5, 3, 2, 1, torch.device("cpu"))
+    for step in range(4):  # 3 envs x 4 steps: transitions k = 0..11, transition k goes to row k % 5
+        obs = np.full((3, 2), step, dtype=np.float32) + np.arange(3, dtype=np.float32)[:, None] / 10
+        rb.add(obs, obs + 1, obs[:, :1], obs[:, 0], np.zeros(3, dtype=bool), {})
+    assert (rb.size, rb.pos) == (5, 12 % 5)
+    fields = rb.fields(rb.data)
+    for k in range(7, 12):  # the newest five
+        value = k // 3 + (k % 3) / 10  # step + env / 10
+        row = k % 5
+        assert fields.obs[row].tolist() == pytest.approx([value, value])
+        assert fields.next_obs[row].tolist() == pytest.approx([value + 1, value + 1])
+        assert fields.actions[row, 0].item() == pytest.approx(value) and fields.rewards[row].item() == pytest.approx(
+            value
+        )
 
 
 def test_buffer_flags_hopper_terminations():
@@ -291,9 +319,9 @@ def test_buffer_flags_hopper_terminations():
             break
     envs.close()
     assert terminations[0] and not truncations[0]
-    last = rb.data[rb.size - 1]  # obs 0:11 | next_obs 11:22 | action 22:25 | reward 25 | termination 26
-    assert last[26].item() == 1.0 and rb.data[: rb.size - 1, 26].eq(0).all()
-    np.testing.assert_allclose(last[11:22].numpy(), infos["final_obs"][0], rtol=1e-6)
+    fields = rb.fields(rb.data[: rb.size])
+    assert fields.terminations[-1].item() == 1.0 and fields.terminations[:-1].eq(0).all()
+    np.testing.assert_allclose(fields.next_obs[-1].numpy(), infos["final_obs"][0], rtol=1e-6)
 
 
 # --- bad input -----------------------------------------------------------------------------------
@@ -311,6 +339,13 @@ def test_buffer_flags_hopper_terminations():
 )
 def test_bad_input_fails_in_one_line(workdir, flags, fragments):
     assert_bad_input(run_script(SCRIPT, *flags, cwd=workdir), workdir, *fragments)
+
+
+def test_a_replay_buffer_that_cannot_fit_is_refused_before_allocation(workdir):
+    # 10^12 rows of Pendulum transitions (3 + 3 + 1 + 1 + 1 float32 each) are 36,000 GB.
+    result = run_script(SCRIPT, "--env-id", "Pendulum-v1", "--buffer-size", "1000000000000", cwd=workdir)
+    assert result.returncode == 2
+    assert_bad_input(result, workdir, "--buffer-size", "replay buffer needs 36000.0 GB", "GB available")
 
 
 class UnboundedActionEnv(gym.Env):
@@ -331,7 +366,7 @@ gym.register("UnboundedAction-v0", entry_point=UnboundedActionEnv)
         (dict(policy_frequency=0), "--policy-frequency must be positive"),
         (dict(q_lr=0.0), "--q-lr must be positive"),
         (dict(learning_starts=-1), "--learning-starts must be 0 or positive"),
-        (dict(total_timesteps=1000, learning_starts=1000), "the agent would never learn"),
+        (dict(total_timesteps=1000, learning_starts=1000), "--learning-starts 1000 is not below --total-timesteps"),
         (dict(tau=0.0), "--tau must be in (0, 1]"),
         (dict(gamma=1.5), "--gamma and --tau must be in (0, 1]"),
         (dict(alpha=-0.1), "--alpha must be 0 or positive"),
@@ -356,7 +391,7 @@ def test_resume_rejects_another_scripts_checkpoint(workdir):
     torch.save(
         {
             "format": CHECKPOINT_FORMAT,
-            "exp_name": "dqn",
+            "script": "dqn",
             "env_id": "Pendulum-v1",
             "args": {"exp_name": "dqn", "env_id": "Pendulum-v1"},
         },
@@ -415,7 +450,8 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     step = checkpoint["global_step"]  # 300 unless the poll above was held up for a whole interval
     assert step in (300, 600) and checkpoint["replay_buffer"]["size"] == min(step, 500)
-    assert checkpoint["critic_stats"] is not None and checkpoint["log_alpha"].item() != 0.0  # learning had started
+    assert checkpoint["log_alpha"].item() != 0.0  # learning had started
+    assert not {"next_log", "critic_stats", "actor_stats"} & checkpoint.keys()  # no logging state is checkpointed
 
     resumed = run_script(SCRIPT, *RESUME_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=interrupted)
     assert resumed.returncode == 0, resumed.stderr
