@@ -247,7 +247,7 @@ def test_log_prob_entropy_and_sampling_match_a_diagonal_gaussian():
         torch.testing.assert_close(agent.entropy(), normal.entropy().sum(-1)[0])
         # Samples of one state have the policy's mean and standard deviation.
         state = torch.zeros(50_000, 4)
-        samples = agent.sample_action(state)
+        samples = agent.sample_action(state, torch.randn(50_000, 2))
         torch.testing.assert_close(samples.mean(0), agent.actor_mean(state[0]), atol=0.02, rtol=0)
         torch.testing.assert_close(samples.std(0), agent.actor_logstd.exp(), atol=0.02, rtol=0)
 
