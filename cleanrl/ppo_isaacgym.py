@@ -1,62 +1,32 @@
-"""Proximal Policy Optimization (PPO) with thousands of environments simulated on one GPU.
+"""Proximal Policy Optimization (PPO) with thousands of environments simulated together on one device.
 
-Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (https://arxiv.org/abs/1707.06347),
-in the massively parallel setting of Makoviychuk et al. 2021, "Isaac Gym: High Performance GPU-Based
-Physics Simulation For Robot Learning" (https://arxiv.org/abs/2108.10470) and Rudin et al. 2021:
-many environments, short rollouts (4096 envs x 16 steps), 2 minibatches, 4 epochs, a large learning
-rate (0.0026, not annealed), value coefficient 2, gradient norm 1, a Gaussian policy and a value
-network that are both 256x256 tanh MLPs. Observations, actions, rewards and episode statistics stay
-on the device from the simulator to the optimiser: no `.item()`, `.cpu()` or Python loop over
-environments in the rollout or the update; scalars are read back for logging every few iterations.
+Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (https://arxiv.org/abs/1707.06347), in the massively
+parallel setting of Makoviychuk et al. 2021, "Isaac Gym" (https://arxiv.org/abs/2108.10470), and Rudin et al. 2021:
+4096 envs x 16 steps, 2 minibatches, 4 epochs, learning rate 0.0026, value coefficient 2, gradient norm 1, a Gaussian
+policy and a value network of 256x256 tanh MLPs, observations normalised by running statistics (saved with the
+model), rewards times --reward-scaler. Observations, actions, rewards and episode statistics never leave the device;
+scalars are read back every --log-every iterations. Truncations are bootstrapped with the true final observation.
 
-Action space: a one-dimensional Box in [-1, 1]. Two simulators behind one tensor interface:
-
-- MuJoCo Warp (`mujoco-warp`, `warp-lang`, installed with the project): the tasks Ant, Humanoid,
-  Hopper, HalfCheetah and Walker2d, built from the MuJoCo models that ship with gymnasium, with
-  gymnasium's v5 observations, rewards, terminations, 1000-step truncation and reset noise, as
-  torch operations on Warp arrays viewed as torch tensors (no copies). It runs on the CPU too,
-  slowly (the first step compiles Warp kernels, cached in ~/.cache/warp). Two model changes are
-  needed for MuJoCo Warp: Ant uses an elliptic friction cone (with the pyramidal one MuJoCo Warp
-  and MuJoCo pick different friction directions on Ant's steep capsule contacts), Humanoid the
-  Newton solver (MuJoCo Warp has no PGS).
-- Isaac Gym through isaacgymenvs (Ant, Humanoid, Anymal, BallBalance, Cartpole, AllegroHand,
-  ShadowHand ...), when it is importable: NVIDIA's Preview 4 tarball in its own Python 3.8
-  environment (see the README).
+Action space: a one-dimensional Box. Simulators (`--simulator auto`: Isaac Gym when importable, else MuJoCo Warp):
+- MuJoCo Warp (installed with the project; CPU too, slowly): Ant, Humanoid, Hopper, HalfCheetah, Walker2d with
+  gymnasium's v5 observations, rewards, terminations, resets and time limit. Checkpoints hold the simulator state,
+  so a resumed run continues the same episodes (exactly, on the CPU).
+- Isaac Gym through isaacgymenvs (Ant, Humanoid, Anymal, ShadowHand ...; see the README). Its state cannot be
+  saved: a resumed Isaac Gym run continues with freshly reset environments, and says so.
 
     uv run python cleanrl/ppo_isaacgym.py --env-id Ant
 
-`--simulator auto` takes Isaac Gym when it is importable and MuJoCo Warp otherwise; the first log
-line says which. CleanRL's Isaac Gym Ant reached 3953 +- 667 after 240 s on an RTX A6000; what this
-script measured is in benchmark/results/ (commands in benchmark/ppo_isaacgym_*.sh).
-
-Normalisation. CleanRL's ppo_continuous_action_isaacgym.py normalises nothing: Isaac Gym's tasks
-return observations already scaled by hand, and rewards are multiplied by a constant
-(`--reward-scaler`, 1 by default). The MuJoCo Warp tasks return gymnasium's raw observations
-(positions, velocities up to tens, contact forces), so this script normalises observations by
-running statistics on the device (`--norm-obs`, on by default, clipped to [-clip_obs, clip_obs]),
-as rl_games does for Isaac Gym; the statistics are part of the model (checkpoints, saved model,
-evaluation). Rewards are only multiplied by `--reward-scaler`.
-
-Episodes. Both simulators reset an environment inside the step that ends its episode (MuJoCo Warp
-with masked tensor writes) and hand back the true final observation; a time-limit truncation is
-bootstrapped with the value of that final observation and only a termination cuts the return.
-(Isaac Gym's tasks return the final observation and reset at the next step; the adapter passes on
-what they return.) Checkpoints hold the MuJoCo Warp state (qpos, qvel, warm start, time, step
-counters, episode statistics, the reset RNG), so a resumed run continues the same episodes; on
-the CPU it reproduces the uninterrupted run. Isaac Gym's state cannot be saved: a resumed Isaac
-Gym run continues with freshly reset environments (and says so).
+Expect Isaac Gym Ant ~3,950 after 240 s on a GPU (CleanRL's figure); this script on the CPU (MuJoCo Warp Ant, a
+completion check): benchmark/results/ppo_isaacgym_cpu.md (commands in benchmark/ppo_isaacgym_*.sh).
 """
-
-from __future__ import annotations
 
 import importlib.util
 import math
 import os
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import List, Literal, Optional, Tuple, Union  # not X | None, list[...]: Isaac Gym runs on Python 3.8
 
 import numpy as np
 
@@ -67,18 +37,10 @@ if importlib.util.find_spec("isaacgym") is not None:
 import torch
 import torch.nn as nn
 import tyro
+from torch.distributions import Normal
 
-from cleanrl_utils.checkpoint import (
-    CHECKPOINT_NAME,
-    StopSignal,
-    load_checkpoint,
-    load_model,
-    restore_rng_state,
-    save_checkpoint,
-    save_model,
-)
+from cleanrl_utils.checkpoint import load_model
 from cleanrl_utils.errors import check_positive, fail
-from cleanrl_utils.progress import Progress
 from cleanrl_utils.run import Run
 
 
@@ -98,7 +60,6 @@ class Args:
     """if toggled, mirror the run to Weights & Biases (offline when there is no network or API key)"""
     wandb_project_name: str = "cleanRL"
     """the W&B project name"""
-    # Optional[...] rather than "X | None": tyro evaluates these, and Isaac Gym runs on Python 3.8
     wandb_entity: Optional[str] = None
     """the W&B entity (team)"""
     capture_video: bool = False
@@ -176,23 +137,11 @@ ISAACGYM_INSTALL = (
     "environment, pip install NVIDIA's Isaac Gym Preview 4 tarball (isaacgym/python) and "
     "isaacgymenvs (github.com/isaac-sim/IsaacGymEnvs); see the README"
 )
-
-
 # Some of isaacgymenvs's tasks, to tell a user without Isaac Gym why a task name is unknown.
-ISAACGYM_TASKS = [
-    "Ant",
-    "Anymal",
-    "AnymalTerrain",
-    "AllegroHand",
-    "BallBalance",
-    "Cartpole",
-    "FrankaCabinet",
-    "Humanoid",
-    "Ingenuity",
-    "Quadcopter",
-    "ShadowHand",
-    "Trifinger",
-]
+ISAACGYM_TASKS = (
+    "Ant Anymal AnymalTerrain AllegroHand BallBalance Cartpole FrankaCabinet Humanoid Ingenuity Quadcopter "
+    "ShadowHand Trifinger"
+).split()
 
 
 def isaacgym_available() -> bool:
@@ -233,11 +182,17 @@ MAX_EPISODE_STEPS = 1000  # gymnasium's TimeLimit for all five tasks
 class MuJoCoWarpVecEnv:
     """`num_envs` copies of a gymnasium v5 MuJoCo task, simulated together by MuJoCo Warp.
 
-    The simulator's arrays (qpos, qvel, xpos, cfrc_ext ...) are viewed as torch tensors without
-    copies (`wp.to_torch`), so observations, rewards and terminations are torch operations on the
-    device. step() resets the worlds whose episode ended with masked writes and returns the
-    observation after the reset, with the true final observations in info["final_obs"].
+    The simulator's arrays (qpos, qvel, xpos, cfrc_ext ...) are viewed as torch tensors without copies
+    (`wp.to_torch`), so observations, rewards and terminations are torch operations on the device. step() resets the
+    worlds whose episode ended with masked writes and returns the observation after the reset, with the true final
+    observations in info["final_obs"]. Two model changes are needed for MuJoCo Warp: Ant uses an elliptic friction
+    cone (with the pyramidal one MuJoCo Warp and MuJoCo pick different friction directions on Ant's steep capsule
+    contacts), Humanoid the Newton solver (MuJoCo Warp has no PGS).
     """
+
+    # What the next steps depend on, saved in checkpoints with the reset RNG: the simulator state, the step counters,
+    # the episode statistics and the position the next forward reward is measured from.
+    STATE = "qpos qvel qacc_warmstart time ctrl elapsed episode_return episode_length position_before".split()
 
     def __init__(self, env_id: str, num_envs: int, device: torch.device, seed: int):
         import gymnasium
@@ -250,9 +205,8 @@ class MuJoCoWarpVecEnv:
         self.mjw, self.wp = mjw, wp
         self.task = task = WARP_TASKS[env_id]
         self.env_id, self.num_envs, self.device = env_id, num_envs, device
-        mjm = mujoco.MjModel.from_xml_path(
-            os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets", task.xml)
-        )
+        assets = os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets")
+        mjm = mujoco.MjModel.from_xml_path(os.path.join(assets, task.xml))
         if env_id == "Ant":
             mjm.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
         if env_id == "Humanoid":
@@ -262,15 +216,10 @@ class MuJoCoWarpVecEnv:
         with wp.ScopedDevice(self.wp_device):
             self.model = mjw.put_model(mjm)
             self.data = mjw.make_data(mjm, nworld=num_envs, nconmax=task.nconmax, njmax=task.njmax)
-        d = self.data
-        self.qpos, self.qvel, self.ctrl = wp.to_torch(d.qpos), wp.to_torch(d.qvel), wp.to_torch(d.ctrl)
-        self.time, self.qacc_warmstart = wp.to_torch(d.time), wp.to_torch(d.qacc_warmstart)
-        self.xpos, self.xipos, self.cfrc_ext = wp.to_torch(d.xpos), wp.to_torch(d.xipos), wp.to_torch(d.cfrc_ext)
-        self.cinert, self.cvel, self.qfrc_actuator = (
-            wp.to_torch(d.cinert),
-            wp.to_torch(d.cvel),
-            wp.to_torch(d.qfrc_actuator),
-        )
+        # The simulator's arrays that the task reads and writes, viewed as torch tensors (no copies).
+        views = "qpos qvel ctrl time qacc_warmstart xpos xipos cfrc_ext cinert cvel qfrc_actuator"
+        for name in views.split():
+            setattr(self, name, wp.to_torch(getattr(self.data, name)))
         self.init_qpos = torch.as_tensor(mjm.qpos0, dtype=torch.float32, device=device)
         self.body_mass = torch.as_tensor(mjm.body_mass, dtype=torch.float32, device=device)
         ctrl_range = torch.as_tensor(mjm.actuator_ctrlrange, dtype=torch.float32, device=device)
@@ -315,17 +264,8 @@ class MuJoCoWarpVecEnv:
             contact = self.cfrc_ext[:, 1:].clamp(-1.0, 1.0).flatten(1)
             return torch.cat([qpos[:, 2:], qvel, contact], dim=1)
         if self.env_id == "Humanoid":
-            return torch.cat(
-                [
-                    qpos[:, 2:],
-                    qvel,
-                    self.cinert[:, 1:].flatten(1),
-                    self.cvel[:, 1:].flatten(1),
-                    self.qfrc_actuator[:, 6:],
-                    self.cfrc_ext[:, 1:].flatten(1),
-                ],
-                dim=1,
-            )
+            bodies = [self.cinert[:, 1:], self.cvel[:, 1:], self.qfrc_actuator[:, 6:], self.cfrc_ext[:, 1:]]
+            return torch.cat([qpos[:, 2:], qvel, *(x.flatten(1) for x in bodies)], dim=1)
         if self.env_id == "HalfCheetah":
             return torch.cat([qpos[:, 1:], qvel], dim=1)
         return torch.cat([qpos[:, 1:], qvel.clamp(-10.0, 10.0)], dim=1)  # Hopper, Walker2d
@@ -338,20 +278,16 @@ class MuJoCoWarpVecEnv:
         if self.env_id == "Humanoid":
             return (qpos[:, 2] > 1.0) & (qpos[:, 2] < 2.0)
         if self.env_id == "Hopper":
-            state = torch.cat([qpos[:, 2:], qvel], dim=1)
-            return (
-                ((state > -100.0) & (state < 100.0)).all(1)
-                & (qpos[:, 1] > 0.7)
-                & (qpos[:, 2] > -0.2)
-                & (qpos[:, 2] < 0.2)
-            )
+            state_in_range = torch.cat([qpos[:, 2:], qvel], dim=1).abs().lt(100.0).all(1)
+            return state_in_range & (qpos[:, 1] > 0.7) & (qpos[:, 2].abs() < 0.2)
         if self.env_id == "Walker2d":
             return (qpos[:, 1] > 0.8) & (qpos[:, 1] < 2.0) & (qpos[:, 2] > -1.0) & (qpos[:, 2] < 1.0)
         return torch.ones(self.num_envs, dtype=torch.bool, device=self.device)  # HalfCheetah
 
     def _reset_worlds(self, mask: torch.Tensor) -> None:
-        """Set the worlds where `mask` is true to gymnasium's initial state plus reset noise. Noise
-        is drawn for every world (one draw, no host sync) and written only where `mask` is set."""
+        """Set the worlds where `mask` is true to gymnasium's initial state plus reset noise, with the actuator
+        controls zeroed as gymnasium's reset (mj_resetData) does. Noise is drawn for every world (one draw, no host
+        sync) and written only where `mask` is set."""
         scale = self.task.reset_noise
         shape_q, shape_v = (self.num_envs, self.nq), (self.num_envs, self.nv)
         qpos = self.init_qpos + scale * (2 * torch.rand(shape_q, generator=self.generator, device=self.device) - 1)
@@ -362,32 +298,32 @@ class MuJoCoWarpVecEnv:
         rows = mask[:, None]
         self.qpos.copy_(torch.where(rows, qpos, self.qpos))
         self.qvel.copy_(torch.where(rows, qvel, self.qvel))
+        self.ctrl.masked_fill_(rows, 0.0)
         self.qacc_warmstart.masked_fill_(rows, 0.0)
         self.time.masked_fill_(mask, 0.0)
         self.elapsed.masked_fill_(mask, 0)
         self.episode_return.masked_fill_(mask, 0.0)
         self.episode_length.masked_fill_(mask, 0)
-        if self.env_id == "Humanoid":  # its observation and centre of mass need the kinematics
+        if self.env_id == "Humanoid":  # its observation and centre of mass need the kinematics (and actuator forces)
             with self.wp.ScopedDevice(self.wp_device):
                 self.mjw.forward(self.model, self.data)
-        self.position_before.copy_(torch.where(rows, self._position_after_reset(), self.position_before))
+        # A free joint puts Ant's torso at qpos[:3]: it needs no kinematics pass for it.
+        position = self.qpos[:, :2].clone() if self.env_id == "Ant" else self._position()
+        self.position_before.copy_(torch.where(rows, position, self.position_before))
 
-    def _position_after_reset(self) -> torch.Tensor:
-        # A free joint puts the torso at qpos[:3]: Ant needs no kinematics pass for it.
-        return self.qpos[:, :2].clone() if self.env_id == "Ant" else self._position()
-
-    def reset(self) -> torch.Tensor:
-        self._reset_worlds(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
-        return self._observe_after_reset(torch.ones(self.num_envs, dtype=torch.bool, device=self.device), None)
-
-    def _observe_after_reset(self, mask: torch.Tensor, obs: torch.Tensor | None) -> torch.Tensor:
-        """The observation with the reset worlds' rows replaced. gymnasium's reset zeroes the
-        contact forces (mj_resetData), so the reset worlds' cfrc_ext rows are zero."""
+    def _observe_after_reset(self, mask: torch.Tensor, obs: Optional[torch.Tensor]) -> torch.Tensor:
+        """The observation with the reset worlds' rows replaced. gymnasium's reset zeroes the contact forces
+        (mj_resetData), so the reset worlds' cfrc_ext rows are zero."""
         fresh = self._observe()
         if self.env_id in ("Ant", "Humanoid"):
             contacts = fresh[:, -self.contact_dims :]
             contacts.copy_(torch.where(mask[:, None], 0.0, contacts))
         return fresh if obs is None else torch.where(mask[:, None], fresh, obs)
+
+    def reset(self) -> torch.Tensor:
+        every_world = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self._reset_worlds(every_world)
+        return self._observe_after_reset(every_world, None)
 
     def step(self, actions: torch.Tensor):
         actions = torch.maximum(torch.minimum(actions, self.action_high), self.action_low)
@@ -416,32 +352,15 @@ class MuJoCoWarpVecEnv:
         self.episode_return += reward
         self.episode_length += 1
         final_obs = self._observe()
-        info = {
-            "final_obs": final_obs,
-            "done": done,
-            "episode_return": self.episode_return.clone(),
-            "episode_length": self.episode_length.clone(),
-        }
+        episode_return, episode_length = self.episode_return.clone(), self.episode_length.clone()
+        info = dict(final_obs=final_obs, done=done, episode_return=episode_return, episode_length=episode_length)
         self._reset_worlds(done)
         return self._observe_after_reset(done, final_obs), reward, terminated, truncated, info
 
     def state_dict(self) -> dict:
-        """Everything the next steps depend on, as CPU tensors: the simulator state, the step
-        counters, the episode statistics and the reset RNG."""
-        names = [
-            "qpos",
-            "qvel",
-            "qacc_warmstart",
-            "time",
-            "ctrl",
-            "elapsed",
-            "episode_return",
-            "episode_length",
-            "position_before",
-        ]
-        state = {name: getattr(self, name).cpu().clone() for name in names}
-        state["generator"] = self.generator.get_state()
-        return state
+        """Everything the next steps depend on, as CPU tensors."""
+        state = {name: getattr(self, name).cpu().clone() for name in self.STATE}
+        return {**state, "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
         for name, value in state.items():
@@ -469,17 +388,9 @@ class IsaacGymVecEnv:
     def __init__(self, env_id: str, num_envs: int, device: torch.device, seed: int):
         import isaacgymenvs
 
+        graphics_device_id = 0 if device.type == "cuda" else -1
         self.envs = isaacgymenvs.make(
-            seed=seed,
-            task=env_id,
-            num_envs=num_envs,
-            sim_device=str(device),
-            rl_device=str(device),
-            graphics_device_id=0 if device.type == "cuda" else -1,
-            headless=True,
-            multi_gpu=False,
-            virtual_screen_capture=False,
-            force_render=False,
+            seed, env_id, num_envs, str(device), str(device), graphics_device_id, headless=True, force_render=False
         )
         self.num_envs, self.device = num_envs, device
         self.obs_dim = int(np.prod(self.envs.observation_space.shape))
@@ -503,12 +414,8 @@ class IsaacGymVecEnv:
         terminated = done & ~truncated
         self.episode_return += reward
         self.episode_length += 1
-        info = {
-            "final_obs": obs,
-            "done": done,
-            "episode_return": self.episode_return.clone(),
-            "episode_length": self.episode_length.clone(),
-        }
+        episode_return, episode_length = self.episode_return.clone(), self.episode_length.clone()
+        info = dict(final_obs=obs, done=done, episode_return=episode_return, episode_length=episode_length)
         self.episode_return.masked_fill_(done, 0.0)
         self.episode_length.masked_fill_(done, 0)
         return obs, reward, terminated, truncated, info
@@ -522,7 +429,7 @@ class IsaacGymVecEnv:
             close()
 
 
-def known_tasks(simulator: str) -> list[str]:
+def known_tasks(simulator: str) -> List[str]:
     if simulator == "mujoco-warp":
         return list(WARP_TASKS)
     import isaacgym  # noqa: F401
@@ -554,7 +461,8 @@ def validate(args: Args) -> str:
     )
     if args.checkpoint_every < 0 or args.time_limit_seconds < 0:
         fail(
-            f"--checkpoint-every and --time-limit-seconds must be 0 (off) or positive, got {args.checkpoint_every} and {args.time_limit_seconds}"
+            "--checkpoint-every and --time-limit-seconds must be 0 (off) or positive, "
+            f"got {args.checkpoint_every} and {args.time_limit_seconds}"
         )
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma} and {args.gae_lambda}")
@@ -590,14 +498,12 @@ def validate(args: Args) -> str:
 
 
 class RunningMeanStd(nn.Module):
-    """Running mean and variance of a stream of batches, on the training device, in float64.
+    """Running mean and variance of a stream of batches, on the training device, in float64: the mean and
+    (population) variance of all batches concatenated, merged batch by batch with the parallel-variance formula
+    (Chan, Golub and LeVeque 1979). As in gymnasium, the count starts at `epsilon` with mean 0 and variance 1.
+    The count is a tensor too: updating never syncs with the host."""
 
-    update(batch) merges the statistics of a batch [N, *shape] into the running ones with the
-    parallel-variance formula (Chan, Golub and LeVeque 1979); the count starts at `epsilon` with
-    mean 0 and variance 1, as in gymnasium. The count is a tensor too: updating never syncs.
-    """
-
-    def __init__(self, shape: tuple[int, ...] | int = (), epsilon: float = 1e-4):
+    def __init__(self, shape: Union[Tuple[int, ...], int] = (), epsilon: float = 1e-4):
         super().__init__()
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
@@ -625,46 +531,37 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
+def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
+    """256x256 tanh MLP, orthogonally initialised; the output layer with gain `out_std`."""
+    hidden = [layer_init(nn.Linear(in_dim, 256)), nn.Tanh(), layer_init(nn.Linear(256, 256)), nn.Tanh()]
+    return nn.Sequential(*hidden, layer_init(nn.Linear(256, out_dim), std=out_std))
+
+
 class Agent(nn.Module):
     """A Gaussian policy N(mean(obs), exp(logstd)^2) with a state-independent log standard
     deviation, and a separate value network; both 256x256 tanh MLPs (CleanRL's Isaac Gym PPO)."""
 
     def __init__(self, obs_dim: int, act_dim: int):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 256)),
-            nn.Tanh(),
-            layer_init(nn.Linear(256, 256)),
-            nn.Tanh(),
-            layer_init(nn.Linear(256, 1), std=1.0),
-        )
-        self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 256)),
-            nn.Tanh(),
-            layer_init(nn.Linear(256, 256)),
-            nn.Tanh(),
-            layer_init(nn.Linear(256, act_dim), std=0.01),
-        )
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
+        self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.zeros(act_dim))
-        self.log_normaliser = 0.5 * act_dim * math.log(2 * math.pi)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        """V(obs), shaped [...]."""
         return self.critic(obs).squeeze(-1)
 
     def sample_action(self, obs: torch.Tensor) -> torch.Tensor:
         mean = self.actor_mean(obs)
-        return torch.addcmul(mean, self.actor_logstd.exp(), torch.randn_like(mean))
+        return mean + self.actor_logstd.exp() * torch.randn_like(mean)
 
-    def log_prob_and_value(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """log pi(actions | obs) summed over the action dimensions, and V(obs); both [...]."""
-        z = (actions - self.actor_mean(obs)) * torch.exp(-self.actor_logstd)
-        log_prob = -0.5 * z.square().sum(-1) - (self.actor_logstd.sum() + self.log_normaliser)
-        return log_prob, self.get_value(obs)
+    def log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log pi(actions | obs), summed over the action dimensions (as ppo_continuous_action.py writes it)."""
+        z = (actions - self.actor_mean(obs)) / self.actor_logstd.exp()
+        return (-0.5 * z.square() - self.actor_logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
 
     def entropy(self) -> torch.Tensor:
-        """The policy's entropy, the same in every state: sum(logstd) + d/2 * log(2 pi e)."""
-        return self.actor_logstd.sum() + self.log_normaliser + 0.5 * self.actor_logstd.numel()
+        """The policy's entropy, the same in every state since the standard deviation does not depend on it."""
+        return Normal(0.0, self.actor_logstd.exp(), validate_args=False).entropy().sum()
 
 
 def compute_gae(
@@ -685,33 +582,30 @@ def compute_gae(
     bootstrap = 1.0 - terminations
     episode_continues = 1.0 - torch.maximum(terminations, truncations)
     deltas = rewards + gamma * next_values * bootstrap - values
-    decays = gamma * gae_lambda * episode_continues
-    advantages = [deltas[-1]]
-    for delta, decay in zip(reversed(deltas[:-1].unbind(0)), reversed(decays[:-1].unbind(0))):
-        advantages.append(torch.addcmul(delta, decay, advantages[-1]))
-    return torch.stack(advantages[::-1])
+    advantages = torch.zeros_like(rewards)
+    last_advantage = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        last_advantage = deltas[t] + gamma * gae_lambda * episode_continues[t] * last_advantage
+        advantages[t] = last_advantage
+    return advantages
 
 
-def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, seed: int = 0, envs=None) -> list[float]:
-    """Reload a model saved by this script and return the returns of the first episode of
-    `eval_episodes` environments under its mean action, on observations normalised with the saved
-    statistics (frozen). MuJoCo Warp makes its own environments; Isaac Gym (one simulation per
-    process) passes the training ones, which are reset first."""
-    model = load_model(model_path, "ppo_isaacgym")
-    if envs is None:
-        envs = make_envs(model["simulator"], model["env_id"], eval_episodes, device, seed)
+def first_episode_returns(model: dict, envs, eval_episodes: int, device: torch.device) -> List[float]:
+    """The return of the first episode of each of the first `eval_episodes` environments under the model's mean
+    action, on observations normalised with the saved statistics (frozen). The environments are reset first."""
     agent = Agent(model["obs_dim"], model["act_dim"]).to(device)
     agent.load_state_dict(model["agent"])
     obs_rms = RunningMeanStd(model["obs_dim"]).to(device)
     obs_rms.load_state_dict(model["obs_rms"])
     args = model["args"]
-    norm = (lambda x: obs_rms.normalize(x, args["clip_obs"])) if args["norm_obs"] else (lambda x: x)
     count = min(eval_episodes, envs.num_envs)
     returns = torch.full((count,), torch.nan, device=device)
     obs = envs.reset()
     with torch.no_grad():
         for step in range(1, 100_000):
-            obs, _, _, _, info = envs.step(agent.actor_mean(norm(obs)))
+            obs, _, _, _, info = envs.step(
+                agent.actor_mean(obs_rms.normalize(obs, args["clip_obs"]) if args["norm_obs"] else obs)
+            )
             first = info["done"][:count] & returns.isnan()
             returns = torch.where(first, info["episode_return"][:count], returns)
             if step % 100 == 0 and not returns.isnan().any():  # one host read every 100 steps
@@ -719,31 +613,32 @@ def evaluate(model_path: str | Path, eval_episodes: int, device: torch.device, s
     return returns[~returns.isnan()].tolist()
 
 
+def evaluate(
+    model_path: Union[str, Path],
+    eval_episodes: int,
+    device: torch.device,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Optional[Path] = None,
+) -> List[float]:
+    """Reload a model saved by this script and return the returns of the first episode of `eval_episodes`
+    environments, simulated together (see first_episode_returns)."""
+    if capture_video:
+        fail("ppo_isaacgym.py cannot record videos (neither simulator renders here); evaluate without --capture-video")
+    model = load_model(model_path, __file__)
+    envs = make_envs(model["simulator"], model["env_id"], eval_episodes, device, seed)
+    returns = first_episode_returns(model, envs, eval_episodes, device)
+    envs.close()
+    return returns
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args)
     simulator = validate(args)
-    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
-    stop = StopSignal()  # from here on, SIGTERM/SIGINT lead to a checkpoint and a clean exit
-    print(
-        f"simulator: {'Isaac Gym (isaacgymenvs)' if simulator == 'isaacgym' else 'MuJoCo Warp'}, task {args.env_id}, "
-        f"{args.num_envs} environments",
-        flush=True,
-    )
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.torch_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    run = Run(
-        args,
-        run_dir=Path(args.resume).parent if checkpoint else None,
-        purge_step=checkpoint["global_step"] + 1 if checkpoint else None,
-        wandb_id=checkpoint["wandb_id"] if checkpoint else None,
-    )
-    writer = run.writer
+    run = Run(args, __file__)  # seeds, picks the device, checks --resume, makes the run directory
+    device = run.device
+    simulator_name = "Isaac Gym (isaacgymenvs)" if simulator == "isaacgym" else "MuJoCo Warp"
+    print(f"simulator: {simulator_name}, task {args.env_id}, {args.num_envs} environments", flush=True)
     envs = make_envs(simulator, args.env_id, args.num_envs, device, args.seed)
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
 
@@ -751,7 +646,8 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     obs_rms = RunningMeanStd(obs_dim).to(device)
 
-    def normalize(raw: torch.Tensor, update: bool) -> torch.Tensor:
+    def normalize(raw: torch.Tensor, update: bool = True) -> torch.Tensor:
+        """What the policy sees: with --norm-obs, observations enter the running statistics, then are normalised."""
         if not args.norm_obs:
             return raw
         if update:
@@ -765,54 +661,44 @@ if __name__ == "__main__":
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
     terminations = torch.zeros((args.num_steps, args.num_envs), device=device)
     truncations = torch.zeros((args.num_steps, args.num_envs), device=device)
-    # Finished episodes since the last log line: count, sum of returns, sum of lengths.
+    # Episodes finished since the last log line (count, sum of returns, sum of lengths), summed on the device. It
+    # is logging state, not checkpointed: after a resume, the first log line averages the episodes since the resume.
     episode_stats = torch.zeros(3, dtype=torch.float64, device=device)
 
-    global_step, start_iteration = 0, 1
-    next_obs = normalize(envs.reset(), update=True)
-    if checkpoint:
-        agent.load_state_dict(checkpoint["agent"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        obs_rms.load_state_dict(checkpoint["obs_rms"])
-        if checkpoint["envs"] is None:
-            print("the Isaac Gym environments cannot be saved with the checkpoint: resuming with fresh ones")
+    global_step, iteration = 0, 0
+    first_obs, next_obs = envs.reset(), None
+    if run.checkpoint:
+        agent.load_state_dict(run.checkpoint["agent"])
+        optimizer.load_state_dict(run.checkpoint["optimizer"])
+        obs_rms.load_state_dict(run.checkpoint["obs_rms"])
+        if run.checkpoint["envs"] is None:
+            print("Isaac Gym's state is not in the checkpoint: resuming with freshly reset environments", flush=True)
         else:
-            envs.load_state_dict(checkpoint["envs"])
-            next_obs = checkpoint["next_obs"].to(device)
-        episode_stats.copy_(checkpoint["episode_stats"])
-        restore_rng_state(checkpoint["rng"])
-        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"] + 1
+            envs.load_state_dict(run.checkpoint["envs"])
+            next_obs = run.checkpoint["next_obs"].to(device)
+        global_step, iteration = run.checkpoint["global_step"], run.checkpoint["iteration"]
+    next_obs = normalize(first_obs) if next_obs is None else next_obs
 
-    def write_checkpoint(iteration: int) -> Path:
-        path = run.dir / CHECKPOINT_NAME
-        writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(
-            path,
-            args,
-            global_step=global_step,
-            iteration=iteration,
+    def training_state() -> dict:
+        """What a checkpoint holds; resuming reads back each of these."""
+        saved_envs = envs.state_dict()  # None for Isaac Gym
+        return dict(
             agent=agent.state_dict(),
             optimizer=optimizer.state_dict(),
             obs_rms=obs_rms.state_dict(),
-            envs=envs.state_dict(),
-            next_obs=next_obs.cpu(),
-            episode_stats=episode_stats.cpu(),
-            wandb_id=run.wandb_id,
+            envs=saved_envs,
+            next_obs=None if saved_envs is None else next_obs.cpu(),
+            global_step=global_step,
+            iteration=iteration,
         )
-        return path
 
-    progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (
-        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
-    )
-    start_time, start_step = time.time(), global_step
-
-    for iteration in range(start_iteration, args.num_iterations + 1):
+    run.begin(training_state)
+    while iteration < args.num_iterations:
+        iteration += 1
         if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
 
-        # Rollout: everything stays on the device.
+        # 1. Collect a rollout: everything stays on the device.
         with torch.no_grad():
             for step in range(args.num_steps):
                 global_step += args.num_envs
@@ -820,7 +706,7 @@ if __name__ == "__main__":
                 action = agent.sample_action(next_obs)
                 actions[step] = action
                 raw_obs, reward, terminated, truncated, info = envs.step(action)
-                next_obs = normalize(raw_obs, update=True)
+                next_obs = normalize(raw_obs)
                 final_obs[step] = normalize(info["final_obs"], update=False)
                 rewards[step] = reward * args.reward_scaler
                 terminations[step] = terminated.float()
@@ -830,36 +716,40 @@ if __name__ == "__main__":
                     [done.sum(), (info["episode_return"] * done).sum(), (info["episode_length"] * done).sum()]
                 )
 
-            # Values and log-probabilities of the whole rollout in batched passes. A truncated
-            # episode is bootstrapped with the value of its true final observation.
-            logprobs, values = agent.log_prob_and_value(obs, actions)
+            # 2. Advantages: values of the whole rollout in batched passes; a truncated episode is bootstrapped
+            # with the value of its true final observation.
+            values = agent.get_value(obs)
             next_values = torch.cat([values[1:], agent.get_value(next_obs)[None]])
             next_values = torch.where(truncations > 0, agent.get_value(final_obs), next_values)
             advantages = compute_gae(
                 rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
             )
             returns = advantages + values
-            b_obs, b_actions = obs.reshape(-1, obs_dim), actions.reshape(-1, act_dim)
-            b_logprobs, b_advantages, b_returns, b_values = (
-                logprobs.reshape(-1),
-                advantages.reshape(-1),
-                returns.reshape(-1),
-                values.reshape(-1),
-            )
 
-        # Optimise the policy and value network
-        clipfracs = []
+            b_obs = obs.reshape(-1, obs_dim)
+            b_actions = actions.reshape(-1, act_dim)
+            b_logprobs = agent.log_prob(b_obs, b_actions)
+            b_advantages = advantages.reshape(-1)
+            b_returns = returns.reshape(-1)
+            b_values = values.reshape(-1)
+
+        # 3. Update the policy and value network
+        clipped = torch.zeros((), device=device)
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(args.batch_size, device=device)
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb_inds = b_inds[start : start + args.minibatch_size]
-                newlogprob, newvalue = agent.log_prob_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                mb_obs = b_obs[mb_inds]
+                newlogprob = agent.log_prob(mb_obs, b_actions[mb_inds])
+                newvalue = agent.get_value(mb_obs)
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()
+
                 with torch.no_grad():
+                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
                     old_approx_kl = (-logratio).mean()
                     approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+                    clipped += ((ratio - 1.0).abs() > args.clip_coef).float().mean()
 
                 mb_advantages = b_advantages[mb_inds]
                 if args.norm_adv:
@@ -873,10 +763,8 @@ if __name__ == "__main__":
                 # Value loss
                 if args.clip_vloss:
                     v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                    v_clipped = b_values[mb_inds] + torch.clamp(
-                        newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
-                    )
-                    v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                    v_delta = torch.clamp(newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef)
+                    v_loss_clipped = (b_values[mb_inds] + v_delta - b_returns[mb_inds]) ** 2
                     v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                 else:
                     v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
@@ -892,92 +780,44 @@ if __name__ == "__main__":
             if args.target_kl is not None and approx_kl.item() > args.target_kl:
                 break
 
-        # Logging: one device-to-host read every --log-every iterations (and at the end).
-        out_of_time = args.time_limit_seconds > 0 and time.time() - start_time >= args.time_limit_seconds
-        last = iteration == args.num_iterations or out_of_time or bool(stop)
-        if iteration % args.log_every == 0 or last:
-            with torch.no_grad():
-                var_y = b_returns.var()
-                explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var() / var_y)
-                stats = torch.stack(
-                    [
-                        v_loss,
-                        pg_loss,
-                        agent.entropy(),
-                        old_approx_kl,
-                        approx_kl,
-                        torch.stack(clipfracs).mean(),
-                        explained_var,
-                    ]
-                ).tolist()
-                finished, return_sum, length_sum = episode_stats.tolist()
-                episode_stats.zero_()
-            for name, value in zip(
-                [
-                    "value_loss",
-                    "policy_loss",
-                    "entropy",
-                    "old_approx_kl",
-                    "approx_kl",
-                    "clipfrac",
-                    "explained_variance",
-                ],
-                stats,
-            ):
-                writer.add_scalar(f"losses/{name}", value, global_step)
+        # 4. Log every --log-every iterations and at the end (two device-to-host reads), checkpoint when due
+        out_of_time = args.time_limit_seconds > 0 and time.time() - run.start_time >= args.time_limit_seconds
+        if iteration % args.log_every == 0 or iteration == args.num_iterations or out_of_time or run.stop:
+            finished, return_sum, length_sum = episode_stats.tolist()
+            episode_stats.zero_()
             if finished > 0:  # the mean over the episodes that ended since the last log line
-                writer.add_scalar("charts/episodic_return", return_sum / finished, global_step)
-                writer.add_scalar("charts/episodic_length", length_sum / finished, global_step)
-                progress.add_returns([return_sum / finished])
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
-            progress.update(global_step)
-            for name, value in zip(["value_loss", "policy_loss", "entropy"], stats):
-                if not np.isfinite(value):
-                    path = write_checkpoint(iteration)
-                    fail(
-                        f"losses/{name} is {value} at step {global_step} (iteration {iteration}); checkpoint written to {path}"
-                    )
-
-        if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
-            path = write_checkpoint(iteration)
-            if next_checkpoint is not None:
-                next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every
-            if stop:
-                print(f"\n{stop.received}: checkpoint written to {path}; continue with --resume {path}", flush=True)
-                envs.close()
-                run.close()
-                raise SystemExit(0)
+                run.log_episodes(global_step, returns=[return_sum / finished], lengths=[length_sum / finished])
+            var_y = b_returns.var()
+            explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var() / var_y)
+            run.log(
+                global_step,
+                {
+                    "losses/value_loss": v_loss,
+                    "losses/policy_loss": pg_loss,
+                    "losses/entropy": agent.entropy(),
+                    "losses/old_approx_kl": old_approx_kl,
+                    "losses/approx_kl": approx_kl,
+                    "losses/clipfrac": clipped / (args.num_minibatches * (epoch + 1)),
+                    "losses/explained_variance": explained_var,
+                    "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                },
+            )
+        run.end_iteration(global_step)
         if out_of_time:
             print(f"--time-limit-seconds {args.time_limit_seconds:g} reached at step {global_step}", flush=True)
             break
 
-    progress.close(global_step)
+    def evaluate_in_training_envs(model_path: Path, eval_episodes: int, device: torch.device, **_) -> List[float]:
+        """Isaac Gym runs one simulation per process: the reloaded model plays in the training environments."""
+        return first_episode_returns(load_model(model_path, __file__), envs, eval_episodes, device)
 
-    if args.save_model:
-        model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(
-            model_path,
-            args,
-            agent=agent.state_dict(),
-            obs_rms=obs_rms.state_dict(),
-            obs_dim=obs_dim,
-            act_dim=act_dim,
-            simulator=simulator,
-        )
-        print(f"model saved to {model_path}")
-        episodic_returns = evaluate(
-            model_path,
-            args.eval_episodes,
-            device,
-            seed=args.seed + 1_000,
-            envs=envs if simulator == "isaacgym" else None,
-        )
-        for idx, episodic_return in enumerate(episodic_returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(
-            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
-        )
-
+    run.finish(
+        global_step,
+        evaluate if simulator == "mujoco-warp" else evaluate_in_training_envs,
+        agent=agent.state_dict(),
+        obs_rms=obs_rms.state_dict(),
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+        simulator=simulator,
+    )
     envs.close()
-    run.close()

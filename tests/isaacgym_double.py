@@ -13,6 +13,8 @@ that cleanrl/ppo_isaacgym.py uses, with the same conventions as isaacgymenvs's V
   reset_buf is 1 on termination and on time-out; extras["time_outs"] marks the time-outs
   (progress_buf >= max_episode_length - 1).
 - `observation_space`, `action_space` (gym-style Boxes), `num_envs`, `num_obs`, `num_actions`.
+- `close()`; the double then refuses to step or reset (one simulation per process: a script that
+  evaluates in its training environments must do so before closing them).
 
 The dynamics are a cart on a rail pushed by the action, as simple tensor arithmetic: the
 episode terminates when the cart leaves [-2, 2] and times out after `max_episode_length` steps.
@@ -61,11 +63,13 @@ class IsaacGymVecTaskDouble:
         self.obs_buf[:] = torch.stack([position, velocity, position.square(), torch.sin(3 * position)], dim=1)
 
     def reset(self) -> dict:
+        assert not self.closed, "reset() after close()"
         self.reset_idx(torch.arange(self.num_envs, device=self.device))
         self.compute_observations()
         return {"obs": self.obs_buf.clone()}
 
     def step(self, actions: torch.Tensor):
+        assert not self.closed, "step() after close(): the simulation is gone"
         actions = torch.clamp(actions, -self.clip_actions, self.clip_actions)
         # "physics"
         self.state[:, 1] += 0.1 * actions[:, 0]
@@ -111,8 +115,8 @@ def make(
 
 
 SHIMS = {
-    "isaacgym/__init__.py": '"""Stand-in for NVIDIA\'s isaacgym package, for tests only (see tests/isaacgym_double.py)."""\n',
-    "isaacgymenvs/__init__.py": '"""Stand-in for isaacgymenvs, for tests only: re-exports tests/isaacgym_double.py."""\n'
+    "isaacgym/__init__.py": '"""Stand-in for NVIDIA\'s isaacgym package, tests only (tests/isaacgym_double.py)."""\n',
+    "isaacgymenvs/__init__.py": '"""Stand-in for isaacgymenvs, for tests only: tests/isaacgym_double.py."""\n'
     "from isaacgym_double import make  # noqa: F401\n",
     "isaacgymenvs/tasks/__init__.py": "from isaacgym_double import isaacgym_task_map  # noqa: F401\n",
 }

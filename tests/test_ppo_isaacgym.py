@@ -1,7 +1,7 @@
 """ppo_isaacgym.py: the five MuJoCo Warp tasks against gymnasium's v5 tasks (Ant and Hopper over
-100 steps, the others over 10), smoke runs on both
-simulators (Isaac Gym through the test double in tests/isaacgym_double.py), bad input, and
-SIGTERM + resume reproducing the uninterrupted run.
+100 steps, the others over 10; the step and the first observation after an automatic reset), smoke
+runs on both simulators (Isaac Gym through the test double in tests/isaacgym_double.py), bad input,
+evaluation, and SIGTERM + resume reproducing the uninterrupted run.
 
 MuJoCo Warp compiles its kernels on first use (cached in ~/.cache/warp): a cold cache adds
 a minute or two to the first test that steps a task.
@@ -94,6 +94,16 @@ def set_world(env: pig.MuJoCoWarpVecEnv, world: int, gym_env: gym.Env) -> None:
         env.position_before[world] = as_tensor(data.qpos[:1])
 
 
+def gymnasium_reset_observation(gym_env: gym.Env, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+    """gymnasium's first observation of an episode that starts at (qpos, qvel): what its reset does
+    (mj_resetData, which zeroes the controls and contact forces, then set_state, which runs mj_forward),
+    with the reset noise replaced by the given state."""
+    base = gym_env.unwrapped
+    mujoco.mj_resetData(base.model, base.data)
+    base.set_state(qpos, qvel)
+    return base._get_obs()
+
+
 def relative_excess(got: np.ndarray, want: np.ndarray, atol: float, rtol: float) -> float:
     """max(|got - want| / (atol + rtol * |want|)): at most 1 within tolerance."""
     return float(np.max(np.abs(got - want) / (atol + rtol * np.abs(want))))
@@ -103,6 +113,9 @@ def relative_excess(got: np.ndarray, want: np.ndarray, atol: float, rtol: float)
 def test_mujoco_warp_task_matches_gymnasium_v5_step_for_step(task):
     """World 0 is set to the state of gymnasium's CPU env before every step and given the same
     action: next observation, reward, termination and truncation must agree within TOLERANCES.
+    Where world 0's episode ends, the observation MuJoCo Warp returns after its automatic reset
+    must be the one gymnasium's reset gives from the same initial state (zero controls and
+    contact forces, fresh kinematics), and gymnasium continues from that state.
     World 1 runs free from the same start beside a second gymnasium env: the drift is printed,
     and bounded only loosely (contact dynamics are chaotic; float32 against float64)."""
     tol = TOLERANCES[task]
@@ -112,7 +125,7 @@ def test_mujoco_warp_task_matches_gymnasium_v5_step_for_step(task):
     synced.reset(seed=0)
     free.reset(seed=1)
     set_world(env, 1, free)
-    worst, largest = {"obs": 0.0, "reward": 0.0}, {"obs": 0.0, "reward": 0.0}
+    worst, largest = {"obs": 0.0, "reward": 0.0, "reset_obs": 0.0}, {"obs": 0.0, "reward": 0.0}
     ends, drift, free_running, truncations = {"terminated": 0, "truncated": 0}, [], True, 0
     steps = STEPS[task]
     for step in range(steps):
@@ -123,7 +136,7 @@ def test_mujoco_warp_task_matches_gymnasium_v5_step_for_step(task):
         obs, reward, terminated, truncated, _ = synced.step(action)
         # The free-running pair gets gentler actions, so that its episode tends to last the 100 steps.
         free_obs, _, free_terminated, free_truncated, _ = free.step(0.3 * action)
-        _, w_reward, w_terminated, w_truncated, info = env.step(
+        w_next_obs, w_reward, w_terminated, w_truncated, info = env.step(
             torch.as_tensor(np.stack([action, 0.3 * action]), dtype=torch.float32)
         )
         w_obs = info["final_obs"].double().numpy()  # before the autoreset, as gymnasium returns it
@@ -138,17 +151,22 @@ def test_mujoco_warp_task_matches_gymnasium_v5_step_for_step(task):
         truncations += truncated
         if terminated or truncated:
             ends["terminated" if terminated else "truncated"] += 1
-            synced.reset(seed=100 + step)
+            synced.reset(seed=100 + step)  # the TimeLimit restarts; the state becomes world 0's reset state
+            reset_obs = gymnasium_reset_observation(synced, env.qpos[0].double().numpy(), env.qvel[0].double().numpy())
+            w_reset_obs = w_next_obs[0].double().numpy()
+            worst["reset_obs"] = max(worst["reset_obs"], relative_excess(w_reset_obs, reset_obs, *tol["obs"]))
         if free_running:
             drift.append(float(np.max(np.abs(w_obs[1] - free_obs))))
             free_running = not (free_terminated or free_truncated or w_terminated[1] or w_truncated[1])
     print(
-        f"\n{task}: worst error / tolerance: obs {worst['obs']:.3g}, reward {worst['reward']:.3g}; largest "
+        f"\n{task}: worst error / tolerance: obs {worst['obs']:.3g}, reward {worst['reward']:.3g}, "
+        f"first obs after a reset {worst['reset_obs']:.3g}; largest "
         f"|difference|: obs {largest['obs']:.2e}, reward {largest['reward']:.2e} "
         f"(tolerances {tol}); episode ends in the synced trajectory {ends}; free-run drift "
-        f"(max |obs difference|) after 1, 10, {len(drift)} steps: {drift[0]:.2e}, {drift[min(9, len(drift) - 1)]:.2e}, {drift[-1]:.2e}"
+        f"(max |obs difference|) after 1, 10, {len(drift)} steps: {drift[0]:.2e}, "
+        f"{drift[min(9, len(drift) - 1)]:.2e}, {drift[-1]:.2e}"
     )
-    assert worst["obs"] <= 1.0 and worst["reward"] <= 1.0, worst
+    assert worst["obs"] <= 1.0 and worst["reward"] <= 1.0 and worst["reset_obs"] <= 1.0, worst
     assert truncations == 1  # the TimeLimit case was exercised
     if task == "Hopper":
         assert ends["terminated"] >= 1  # so was a termination (random actions topple the hopper)
@@ -167,14 +185,15 @@ def test_mujoco_warp_autoreset_statistics_and_reset_noise():
     for step in range(3):
         if step == 2:
             env.qpos[2, 1] = 0.3  # z below the healthy range
-        obs, reward, terminated, truncated, info = env.step(torch.zeros(4, 3))
+        obs, reward, terminated, truncated, info = env.step(torch.full((4, 3), 0.25))
         returns += reward
     assert terminated.tolist() == [False, False, True, False] and not truncated.any()
     assert info["done"].tolist() == [False, False, True, False]
     assert info["episode_length"][2] == 3 and info["episode_return"][2] == pytest.approx(returns[2].item(), rel=1e-5)
     assert info["final_obs"][2, 0] < 0.7  # the final (unhealthy) z, not the reset one (~1.25)
     assert env.elapsed.tolist() == [3, 3, 0, 3] and env.episode_length[2] == 0 and env.episode_return[2] == 0
-    assert abs(env.qpos[2, 1] - init[1]) <= 5e-3  # world 2 was reset ...
+    assert abs(env.qpos[2, 1] - init[1]) <= 5e-3  # world 2 was reset, its controls zeroed as gymnasium's reset does ...
+    assert env.ctrl[2].abs().max() == 0 and (env.ctrl[[0, 1, 3]] == 0.25).all()
     assert torch.equal(obs[2], torch.cat([env.qpos[2, 1:], env.qvel[2].clamp(-10, 10)]))
     assert torch.equal(obs[[0, 1, 3]], info["final_obs"][[0, 1, 3]])  # ... and only world 2
 
@@ -260,6 +279,29 @@ def test_smoke_isaacgym_path_through_the_test_double(workdir, isaacgym_path):
     assert all(0 < length <= 20 for _, length in scalars["charts/episodic_length"])
     model = load(run_dir / MODEL)
     assert (model["obs_dim"], model["act_dim"], model["simulator"]) == (4, 1, "isaacgym")
+    # The model evaluates in a process of its own, through evaluate()'s common signature.
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "cleanrl_utils.evaluate", str(run_dir), "--episodes", "3", "--seed", "4"],
+        cwd=ROOT,
+        env=script_env(PYTHONPATH=f"{isaacgym_path}:{ROOT}"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "over 3 episodes" in evaluated.stdout, evaluated.stdout
+
+
+def test_evaluate_refuses_capture_video_in_one_line(tmp_path, capsys):
+    from cleanrl_utils.checkpoint import save_model
+
+    path = tmp_path / MODEL
+    save_model(path, pig.Args(env_id="Hopper"), pig.__file__, simulator="mujoco-warp")
+    with pytest.raises(SystemExit) as exit_info:
+        pig.evaluate(path, 1, torch.device("cpu"), capture_video=True, video_dir=tmp_path)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "cannot record videos" in lines[0], lines
 
 
 def test_isaacgym_adapter_splits_reset_buffer_into_terminations_and_truncations(isaacgym_path, monkeypatch):
@@ -374,9 +416,13 @@ def test_sigterm_then_resume_reproduces_the_uninterrupted_run(hopper_run, tmp_pa
     assert run_dirs(tmp_path) == [run_dir]
     final, straight = load(run_dir / "checkpoint.pt"), load(straight_dir / "checkpoint.pt")
     assert final["global_step"] == straight["global_step"] == 512
-    for key in ("agent", "obs_rms", "optimizer", "envs", "next_obs", "episode_stats"):
+    for key in ("agent", "obs_rms", "optimizer", "envs", "next_obs"):
         assert_same(final[key], straight[key], key)
-    assert read_scalars(run_dir)["charts/episodic_return"] == read_scalars(straight_dir)["charts/episodic_return"]
+    # --log-every 1: every iteration updates, then logs, so every curve but the wall-clock SPS continues exactly.
+    scalars, straight_scalars = read_scalars(run_dir), read_scalars(straight_dir)
+    assert scalars.keys() == straight_scalars.keys() and len(scalars["charts/episodic_return"]) >= 2
+    for key in sorted(set(straight_scalars) - {"charts/SPS"}):
+        assert scalars[key] == straight_scalars[key], key
 
 
 def assert_same(a, b, where: str) -> None:
