@@ -81,6 +81,9 @@ def load_script(model: dict, scripts_dir: Path = SCRIPTS_DIR):
         )
     spec = importlib.util.spec_from_file_location(f"cleanrl_script_{name}", script)
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as a normal import would be: dataclasses resolve string annotations
+    # (`from __future__ import annotations`) through sys.modules.
+    sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as error:

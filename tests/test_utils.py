@@ -232,3 +232,17 @@ def test_env_snapshot_continues_exactly_across_resets(env_id, action_shape):
         episodes += int(np.sum(a[2] | a[3]))
     assert episodes >= 5  # the comparison crossed several resets
     assert list(original.return_queue) == list(restored.return_queue)
+
+
+def test_evaluate_imports_a_script_with_postponed_annotations(tmp_path):
+    # dataclasses resolve string annotations through sys.modules, so the imported script must be registered there.
+    from cleanrl_utils.evaluate import load_script
+
+    script = tmp_path / "postponed.py"
+    script.write_text(
+        "from __future__ import annotations\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass Args:\n"
+        "    episodes: int = 3\n\n\ndef evaluate(model_path, eval_episodes, device, seed=0, capture_video=False, "
+        "video_dir=None):\n    return [float(Args().episodes)]\n"
+    )
+    module = load_script({"script": "postponed", "script_path": str(script)})
+    assert module.evaluate(None, 1, "cpu") == [3.0]
