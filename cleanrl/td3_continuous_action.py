@@ -1,38 +1,27 @@
 """Twin Delayed Deep Deterministic policy gradient (TD3) for continuous actions.
 
 Fujimoto et al. 2018, "Addressing Function Approximation Error in Actor-Critic Methods"
-(https://arxiv.org/abs/1802.09477): DDPG with three changes. Two critics are trained and the
-smaller of their target values forms the TD target (clipped double Q-learning); the target
-action is smoothed with clipped Gaussian noise (target policy smoothing); the actor and the
-target networks are updated only every `policy_frequency` critic updates (delayed updates).
+(https://arxiv.org/abs/1802.09477): DDPG with three changes. Two critics are trained and the smaller
+of their target values forms the TD target (clipped double Q-learning); the target action is smoothed
+with clipped Gaussian noise (target policy smoothing); the actor and the targets are updated only
+every `policy_frequency` critic updates (delayed updates).
 
-Action space: Box with finite bounds (any bounds, also asymmetric ones: the actor's tanh output
-is scaled to them). Observations: a Box, or a Dict of Boxes (dm_control), flattened.
-Environments: vectorised gymnasium environments: MuJoCo (Hopper-v5, HalfCheetah-v5,
-Walker2d-v5, Ant-v5 ...), dm_control through shimmy (dm_control/cheetah-run-v0 ...),
-Pendulum-v1.
+Action space: a 1-D Box with finite bounds. Observations: a Box or a Dict of Boxes (flattened).
+Environments: vectorised gymnasium: MuJoCo (Hopper-v5, HalfCheetah-v5 ...), dm_control via shimmy,
+Pendulum-v1. One gradient step per environment step; a truncation bootstraps from the true final
+observation, only a termination cuts the target. Resuming on the CPU is exact (dm_control and video
+runs get fresh environments).
 
-    uv run python cleanrl/td3_continuous_action.py --env-id HalfCheetah-v5
     uv run python cleanrl/td3_continuous_action.py --env-id Pendulum-v1 --total-timesteps 20000 --learning-starts 1000
 
-Expect, after 1M steps, about 9.6k on HalfCheetah, 3.1k on Hopper and 4k on Walker2d (CleanRL's
-MuJoCo v4 results); Pendulum-v1 reaches about -150 (random play: about -1200) within 10k steps
-with --learning-starts 1000.
-
-One gradient step per environment step (num_envs of them per vector step), so the ratio of
-updates to data does not depend on --num-envs. Environments reset in the same step an episode
-ends (gymnasium's SAME_STEP autoreset); the replay buffer stores the true final observation of
-an ended episode as its next observation, and its termination (not its truncation) as the done
-flag, so a time-limit truncation is bootstrapped and only a termination cuts the target.
-Checkpoints hold the replay buffer, the networks, their targets, the optimisers and the
-environments: classic-control simulators are pickled and MuJoCo simulators saved with their
-exact state, so a resumed run on the CPU continues exactly as the uninterrupted one would.
-dm_control simulators cannot be saved: a resumed dm_control run starts fresh episodes.
+Expect Pendulum-v1 about -180 after 20k steps (random play: about -1200); Hopper-v5 reached 536 after
+200k steps with one seed, below CleanRL's ~3.1k after 1M (benchmark/results/td3.md).
 """
 
+import copy
+import itertools
 import os
-import random
-import time
+from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,22 +29,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 
-from cleanrl_utils.checkpoint import (
-    CHECKPOINT_NAME,
-    StopSignal,
-    load_checkpoint,
-    load_model,
-    restore_envs,
-    restore_rng_state,
-    save_checkpoint,
-    save_model,
-    snapshot_envs,
-)
-from cleanrl_utils.errors import check_env_id, check_positive, fail
-from cleanrl_utils.progress import Progress
+from cleanrl_utils.checkpoint import load_model, restore_envs, snapshot_envs
+from cleanrl_utils.errors import check_env_id, check_fits, check_positive, fail
 from cleanrl_utils.run import Run
 
 
@@ -70,8 +47,7 @@ class Args:
     cuda: bool = True
     """if toggled, use a GPU when one is present (the CPU otherwise)"""
     torch_threads: int = 0
-    """CPU threads for torch; 0 = one per core (torch's default): the 256x256 updates at batch 256
-    are bound by matrix products, which split well across cores"""
+    """CPU threads for torch; 0 = one per core (torch's default): the updates are bound by matrix products"""
     track: bool = False
     """if toggled, mirror the run to Weights & Biases (offline when there is no network or API key)"""
     wandb_project_name: str = "cleanRL"
@@ -117,11 +93,10 @@ class Args:
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for"""
     compile: bool = False
-    """if toggled, compile the losses with torch.compile (changes float rounding; the gain is on a GPU, small on a CPU)"""
+    """if toggled, compile the losses with torch.compile (meant for GPUs; changes float rounding)"""
 
 
-# Losses, Q-values and SPS are read back from the device and logged every this many steps.
-LOG_EVERY = 100
+LOG_EVERY = 100  # losses, Q-values and SPS are read back from the device and logged every this many steps
 
 
 def register_env_family(env_id: str) -> None:
@@ -139,43 +114,20 @@ def register_env_family(env_id: str) -> None:
 
 def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
-    check_positive(
-        total_timesteps=args.total_timesteps,
-        num_envs=args.num_envs,
-        buffer_size=args.buffer_size,
-        batch_size=args.batch_size,
-        policy_frequency=args.policy_frequency,
-        learning_rate=args.learning_rate,
-        eval_episodes=args.eval_episodes,
-    )
-    if args.checkpoint_every < 0:
-        fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
-    if args.torch_threads < 0:
-        fail(f"--torch-threads must be 0 (one per core) or positive, got {args.torch_threads}")
-    if args.learning_starts < 0:
-        fail(f"--learning-starts must be 0 or positive, got {args.learning_starts}")
+    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "learning_rate")
+    check_positive(**{name: getattr(args, name) for name in positive + ("eval_episodes",)})
+    nonnegative = ("checkpoint_every", "torch_threads", "learning_starts", "policy_noise", "exploration_noise")
+    for name in nonnegative + ("noise_clip",):
+        if not getattr(args, name) >= 0:
+            fail(f"--{name.replace('_', '-')} must be 0 or positive, got {getattr(args, name)}")
     if args.learning_starts >= args.total_timesteps:
-        fail(
-            f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}: "
-            f"nothing would be learned; lower --learning-starts"
-        )
+        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}")
     if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
         fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
-    for flag, value in (
-        ("--policy-noise", args.policy_noise),
-        ("--exploration-noise", args.exploration_noise),
-        ("--noise-clip", args.noise_clip),
-    ):
-        if not value >= 0:
-            fail(f"{flag} must be 0 or positive, got {value}")
     if args.batch_size > args.buffer_size:
-        fail(
-            f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; raise the buffer or lower the batch"
-        )
+        fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; lower the batch")
     if args.num_envs > args.buffer_size:
-        fail(
-            f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: one step would overwrite itself"
-        )
+        fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: a step overwrites itself")
     register_env_family(args.env_id)
     check_env_id(args.env_id)
     try:
@@ -191,13 +143,12 @@ def validate(args: Args) -> None:
         fail(f"td3_continuous_action.py needs a one-dimensional Box action space but {args.env_id} has {action_space}")
     if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
         fail(f"td3_continuous_action.py scales actions to finite bounds but {args.env_id} has {action_space}")
-    observation_spaces = (
-        observation_space.spaces.values() if isinstance(observation_space, gym.spaces.Dict) else [observation_space]
-    )
-    if not all(isinstance(space, gym.spaces.Box) for space in observation_spaces):
-        fail(
-            f"td3_continuous_action.py needs Box observations (or a Dict of them) but {args.env_id} has {observation_space}"
-        )
+    boxes = observation_space.spaces.values() if isinstance(observation_space, gym.spaces.Dict) else [observation_space]
+    if not all(isinstance(space, gym.spaces.Box) for space in boxes):
+        fail(f"td3_continuous_action.py needs Box (or Dict of Box) observations; {args.env_id} has {observation_space}")
+    obs_dim, action_dim = gym.spaces.flatdim(observation_space), action_space.shape[0]
+    nbytes = args.buffer_size * sum(ReplayBuffer.field_widths(obs_dim, action_dim)) * 4  # float32 rows
+    check_fits(nbytes, "cuda" if args.cuda and torch.cuda.is_available() else "cpu", "replay buffer", "--buffer-size")
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: Path | None):
@@ -207,9 +158,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: Path | None)
             env = gym.wrappers.RecordVideo(env, str(video_dir))
         else:
             env = gym.make(env_id, disable_env_checker=True)
-        # dm_control observes a Dict of arrays: the networks take them as one flat vector.
         if isinstance(env.observation_space, gym.spaces.Dict) or len(env.observation_space.shape) > 1:
-            env = gym.wrappers.FlattenObservation(env)
+            env = gym.wrappers.FlattenObservation(env)  # dm_control's Dict of named arrays -> one vector
         return env
 
     return thunk
@@ -217,9 +167,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: Path | None)
 
 def make_envs(env_id: str, num_envs: int, capture_video: bool = False, video_dir: Path | None = None):
     register_env_family(env_id)
-    # SAME_STEP: an env that ends an episode resets at once and returns the true final
-    # observation in infos["final_obs"]. copy=False skips a deepcopy: the returned observation
-    # array is overwritten by the next step, so the loop keeps its own copy.
+    # SAME_STEP: an env that ends an episode resets at once and returns the true final observation in
+    # infos["final_obs"]. copy=False skips a deepcopy: the step overwrites it, so the loop keeps a copy.
     envs = gym.vector.SyncVectorEnv(
         [make_env(env_id, i, capture_video, video_dir) for i in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
@@ -246,120 +195,88 @@ class Actor(nn.Module):
         self.register_buffer("action_bias", (action_high + action_low) / 2.0)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        # Functional calls on the layers' parameters: the same maths as nn.Sequential, without
-        # a module call per layer, which costs more than the matrix products at small batches.
-        x = F.relu(F.linear(obs, self.fc1.weight, self.fc1.bias))
-        x = F.relu(F.linear(x, self.fc2.weight, self.fc2.bias))
-        return scale_action(
-            torch.tanh(F.linear(x, self.fc_mu.weight, self.fc_mu.bias)), self.action_scale, self.action_bias
-        )
+        x = self.fc1(obs).relu_()  # in place: one allocation fewer
+        x = self.fc2(x).relu_()
+        return scale_action(torch.tanh(self.fc_mu(x)), self.action_scale, self.action_bias)
 
 
-class TwinCritic(nn.Module):
-    """The two Q-networks Q1(s, a) and Q2(s, a): independent 256x256 ReLU MLPs, kept as stacked
-    weights (a leading dimension of 2 on every weight and bias) so that one batched matrix
-    product per hidden layer (torch.baddbmm) evaluates both. Each is initialised as an
-    nn.Linear stack would be, so this is the same model as two separate networks; Adam, being
-    elementwise, trains them alike."""
+def q_network(obs_dim: int, action_dim: int, hidden: int = 256) -> nn.Sequential:
+    """Q(s, a), one critic: a 256x256 ReLU MLP on the concatenated observation and action."""
+    layers = [nn.Linear(obs_dim + action_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(hidden, 1))
+
+
+class TwinQNetwork(nn.Module):
+    """Q1 and Q2: two independently initialised q_networks whose parameters are stacked along a leading critic
+    dimension (torch.func.stack_module_state), evaluated by one batched product per layer (baddbmm). Per TD3
+    update (CPU, batch 256) two separate networks measured 8% slower and, in SAC, torch.vmap(functional_call)
+    over the stacked parameters 24% slower (benchmark/results/td3.md)."""
 
     def __init__(self, obs_dim: int, action_dim: int, num_critics: int = 2):
         super().__init__()
-        critics = [
-            (nn.Linear(obs_dim + action_dim, 256), nn.Linear(256, 256), nn.Linear(256, 1)) for _ in range(num_critics)
-        ]
-        fc1, fc2, fc3 = zip(*critics)
+        stacked, _ = torch.func.stack_module_state([q_network(obs_dim, action_dim) for _ in range(num_critics)])
+        weights, biases = ([stacked[f"{i}.{kind}"].detach() for i in (0, 2, 4)] for kind in ("weight", "bias"))
+        # x W + b on rows: w1, w2 [critic, in, out], b1, b2 [critic, 1, out]; the output unit w3 [critic, 1, 256].
+        self.w1, self.w2 = (nn.Parameter(w.mT.contiguous()) for w in weights[:2])
+        self.b1, self.b2 = (nn.Parameter(b.unsqueeze(1)) for b in biases[:2])
+        self.w3, self.b3 = nn.Parameter(weights[2]), nn.Parameter(biases[2])
 
-        def stack(tensors: list[torch.Tensor]) -> nn.Parameter:
-            return nn.Parameter(torch.stack([tensor.detach() for tensor in tensors]))
-
-        self.w1, self.b1 = (
-            stack([fc.weight.T for fc in fc1]),
-            stack([fc.bias[None] for fc in fc1]),
-        )  # [n, in, 256], [n, 1, 256]
-        self.w2, self.b2 = (
-            stack([fc.weight.T for fc in fc2]),
-            stack([fc.bias[None] for fc in fc2]),
-        )  # [n, 256, 256], [n, 1, 256]
-        self.w3, self.b3 = stack([fc.weight for fc in fc3]), stack([fc.bias for fc in fc3])  # [n, 1, 256], [n, 1]
-
-    def forward(
-        self, obs: torch.Tensor, actions: torch.Tensor, num_critics: int | None = None, frozen: bool = False
-    ) -> torch.Tensor:
-        """Q-values [num_critics, batch] of the first `num_critics` critics (all by default).
-
-        frozen: use detached weights, so that a backward pass computes gradients for the
-        actions only (the actor's loss) and skips the critics' weight gradients."""
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor, num_critics: int | None = None) -> torch.Tensor:
+        """Q-values [num_critics, batch] of the first `num_critics` critics (all by default)."""
         w1, b1, w2, b2, w3, b3 = self.w1, self.b1, self.w2, self.b2, self.w3, self.b3
         if num_critics is not None:
             w1, b1, w2, b2, w3, b3 = (p[:num_critics] for p in (w1, b1, w2, b2, w3, b3))
-        if frozen:
-            w1, b1, w2, b2, w3, b3 = (p.detach() for p in (w1, b1, w2, b2, w3, b3))
-        x = torch.cat([obs, actions], dim=-1).expand(len(w1), -1, -1)
-        x = torch.baddbmm(b1, x, w1).relu_()
+        x = torch.cat([obs, actions], dim=-1).expand(len(w1), -1, -1)  # the same input for each critic
+        x = torch.baddbmm(b1, x, w1).relu_()  # b + x W, per critic
         x = torch.baddbmm(b2, x, w2).relu_()
-        # One output unit: a product and a sum, cheaper on a CPU than a batched one-column matmul.
-        return (x * w3).sum(dim=-1) + b3
+        return (x * w3).sum(-1) + b3  # the output unit: cheaper than a one-column product
+
+
+Transitions = namedtuple("Transitions", "obs next_obs actions rewards terminations")  # one field of the buffer each
 
 
 class ReplayBuffer:
-    """The last `buffer_size` transitions, circular, in one tensor on the training device.
-
-    Each row is one transition: obs | next_obs | action | reward | termination. A step of all
-    environments is assembled in a host staging array and written with one host-to-device copy;
-    a minibatch is one gather.
-    """
+    """The last `buffer_size` transitions, circular, on the training device. The fields are named column
+    blocks of one float32 tensor [buffer_size, row]: a step of all environments is assembled in a host
+    staging array and written with one host-to-device copy, and a minibatch is one gather."""
 
     def __init__(self, buffer_size: int, num_envs: int, obs_dim: int, action_dim: int, device: torch.device):
-        self.buffer_size, self.obs_dim, self.action_dim = buffer_size, obs_dim, action_dim
-        self.data = torch.zeros((buffer_size, 2 * obs_dim + action_dim + 2), device=device)
-        self.staging = np.zeros((num_envs, 2 * obs_dim + action_dim + 2), dtype=np.float32)
-        self.staging_tensor = torch.from_numpy(self.staging)  # shares the staging memory
+        self.buffer_size, self.widths = buffer_size, self.field_widths(obs_dim, action_dim)
+        self.data = torch.zeros((buffer_size, sum(self.widths)), device=device)
+        self.staging = np.zeros((num_envs, sum(self.widths)), dtype=np.float32)
+        self.step = self.fields(self.staging)  # named views of the staging rows
         self.pos, self.size = 0, 0
 
-    def add(
-        self,
-        obs: np.ndarray,
-        next_obs: np.ndarray,
-        actions: np.ndarray,
-        rewards: np.ndarray,
-        terminations: np.ndarray,
-        infos: dict,
-    ) -> None:
+    @staticmethod
+    def field_widths(obs_dim: int, action_dim: int) -> Transitions:
+        return Transitions(obs=obs_dim, next_obs=obs_dim, actions=action_dim, rewards=1, terminations=1)
+
+    def fields(self, rows):
+        """Named views of the columns of `rows` (a tensor or an array of buffer rows)."""
+        bounds = [0, *itertools.accumulate(self.widths)]
+        obs, next_obs, actions, rewards, terminations = (rows[:, a:b] for a, b in zip(bounds, bounds[1:]))
+        return Transitions(obs, next_obs, actions, rewards[:, 0], terminations[:, 0])
+
+    def add(self, obs, next_obs, actions, rewards, terminations, infos: dict) -> None:
         """Store one step of every environment, as returned by a SAME_STEP vector env."""
-        d, a, n = self.obs_dim, self.action_dim, len(obs)
-        rows = self.staging
-        rows[:, :d] = obs
-        rows[:, d : 2 * d] = next_obs
+        for field, value in zip(self.step, (obs, next_obs, actions, rewards, terminations)):
+            field[:] = value
         if "final_obs" in infos:
             # Where an episode ended, next_obs already holds the first observation of the next
             # episode; the transition leads to the true final one (bootstrapped if truncated).
             ended = infos["_final_obs"]
-            rows[ended, d : 2 * d] = np.stack(infos["final_obs"][ended])
-        rows[:, 2 * d : 2 * d + a] = actions
-        rows[:, 2 * d + a] = rewards
-        rows[:, 2 * d + a + 1] = terminations
-        end = self.pos + n
-        if end <= self.buffer_size:
-            self.data[self.pos : end].copy_(self.staging_tensor)
-        else:  # wrap around
-            split = self.buffer_size - self.pos
-            self.data[self.pos :].copy_(self.staging_tensor[:split])
-            self.data[: n - split].copy_(self.staging_tensor[split:])
-        self.pos = end % self.buffer_size
+            self.step.next_obs[ended] = np.stack(infos["final_obs"][ended])
+        n, staged = len(obs), torch.from_numpy(self.staging)
+        first = min(n, self.buffer_size - self.pos)  # the rows before the end; the others wrap around to the start
+        self.data[self.pos : self.pos + first].copy_(staged[:first])
+        self.data[: n - first].copy_(staged[first:])
+        self.pos = (self.pos + n) % self.buffer_size
         self.size = min(self.size + n, self.buffer_size)
 
-    def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A uniform minibatch (with replacement): obs, actions, next_obs, rewards, terminations."""
+    def sample(self, batch_size: int) -> Transitions:
+        """A uniform minibatch, with replacement."""
         indices = torch.randint(self.size, (batch_size,), device=self.data.device)
-        batch = torch.index_select(self.data, 0, indices)
-        d, a = self.obs_dim, self.action_dim
-        return (
-            batch[:, :d],
-            batch[:, 2 * d : 2 * d + a],
-            batch[:, d : 2 * d],
-            batch[:, 2 * d + a],
-            batch[:, 2 * d + a + 1],
-        )
+        return self.fields(torch.index_select(self.data, 0, indices))
 
     def state_dict(self) -> dict:
         return {"data": self.data[: self.size].cpu(), "pos": self.pos, "size": self.size}
@@ -381,39 +298,22 @@ def add_exploration_noise(
     return torch.clamp(actions + torch.randn_like(actions) * (noise_std * action_scale), low, high)
 
 
-def smooth_target_actions(
-    target_actions: torch.Tensor,
-    action_scale: torch.Tensor,
-    low: torch.Tensor,
-    high: torch.Tensor,
-    policy_noise: float,
-    noise_clip: float,
-) -> torch.Tensor:
-    """Target policy smoothing: noise N(0, policy_noise^2) clipped to +-noise_clip, both in units
-    of the action half-range (so scaled by action_scale), added to the target actor's actions,
-    and the result clipped to [low, high]."""
+def smooth_target_actions(target_actions, action_scale, low, high, policy_noise: float, noise_clip: float):
+    """Target policy smoothing: noise N(0, policy_noise^2) clipped to +-noise_clip, both in units of the action
+    half-range (so scaled by action_scale), added to the target actor's actions, the sum clipped to [low, high]."""
     noise = (torch.randn_like(target_actions) * policy_noise).clamp(-noise_clip, noise_clip) * action_scale
     return torch.clamp(target_actions + noise, low, high)
 
 
 def td_target(rewards: torch.Tensor, next_q: torch.Tensor, terminations: torch.Tensor, gamma: float) -> torch.Tensor:
-    """r + gamma * Q_target(s', a'), with the bootstrap dropped where the episode terminated.
-
-    A truncated transition keeps its bootstrap: its s' is the true final observation.
-    """
+    """r + gamma * Q_target(s', a'), the bootstrap dropped where the episode terminated. A truncated transition
+    keeps its bootstrap: its s' is the true final observation."""
     return rewards + gamma * next_q * (1.0 - terminations)
 
 
-def evaluate(
-    model_path: str | Path,
-    eval_episodes: int,
-    device: torch.device,
-    seed: int = 0,
-    capture_video: bool = False,
-    video_dir: Path | None = None,
-) -> list[float]:
-    """Reload a model saved by this script and return the episodic returns of its deterministic actor (no noise)."""
-    model = load_model(model_path, "td3_continuous_action")
+def evaluate(model_path, eval_episodes: int, device, seed=0, capture_video=False, video_dir=None) -> list[float]:
+    """Reload a model saved by this script; the episodic returns of its deterministic actor (no noise)."""
+    model = load_model(model_path, __file__)
     envs = make_envs(model["env_id"], 1, capture_video, video_dir)
     zeros = torch.zeros(model["action_dim"])
     actor = Actor(model["obs_dim"], zeros, zeros).to(device)
@@ -433,24 +333,8 @@ def evaluate(
 if __name__ == "__main__":
     args = tyro.cli(Args)
     validate(args)
-    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
-    stop = StopSignal()  # from here on, SIGTERM/SIGINT lead to a checkpoint and a clean exit
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    run = Run(
-        args,
-        run_dir=Path(args.resume).parent if checkpoint else None,
-        purge_step=checkpoint["global_step"] + 1 if checkpoint else None,
-        wandb_id=checkpoint["wandb_id"] if checkpoint else None,
-    )
-    writer = run.writer
+    run = Run(args, __file__)  # seeds, picks the device, checks --resume, makes the run directory
+    device = run.device
     envs = make_envs(args.env_id, args.num_envs, args.capture_video, run.dir / "videos")
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     action_dim = int(np.prod(envs.single_action_space.shape))
@@ -458,90 +342,58 @@ if __name__ == "__main__":
     high = torch.tensor(envs.single_action_space.high, dtype=torch.float32, device=device)
 
     actor = Actor(obs_dim, low, high).to(device)
-    critic = TwinCritic(obs_dim, action_dim).to(device)
-    target_actor = Actor(obs_dim, low, high).to(device)
-    target_critic = TwinCritic(obs_dim, action_dim).to(device)
-    target_actor.load_state_dict(actor.state_dict())
-    target_critic.load_state_dict(critic.state_dict())
+    critic = TwinQNetwork(obs_dim, action_dim).to(device)
+    target_actor, target_critic = copy.deepcopy(actor), copy.deepcopy(critic)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
     critic_optimizer = torch.optim.Adam(critic.parameters(), lr=args.learning_rate, fused=True)
     rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_dim, action_dim, device)
-    # Everything a checkpoint holds besides counters, random generators and environments.
-    stateful = {
-        "actor": actor,
-        "critic": critic,
-        "target_actor": target_actor,
-        "target_critic": target_critic,
-        "actor_optimizer": actor_optimizer,
-        "critic_optimizer": critic_optimizer,
-        "replay_buffer": rb,
-    }
-    # Parameter lists for the Polyak averaging: one fused lerp over all of them.
+    # What a checkpoint holds besides the environments and the step (training_state below).
+    stateful = dict(actor=actor, critic=critic, target_actor=target_actor, target_critic=target_critic)
+    stateful.update(actor_optimizer=actor_optimizer, critic_optimizer=critic_optimizer, replay_buffer=rb)
+    # The Polyak averaging of both targets: one fused lerp over all their parameters.
     online_params = [*actor.parameters(), *critic.parameters()]
     target_params = [*target_actor.parameters(), *target_critic.parameters()]
 
-    def critic_losses(obs, actions, next_obs, rewards, terminations) -> tuple[torch.Tensor, torch.Tensor]:
+    def critic_losses(batch: Transitions) -> tuple[torch.Tensor, torch.Tensor]:
         """Each critic's mean squared TD error [2] and its Q-values [2, batch], towards the
         clipped double-Q target of the smoothed target action."""
         with torch.no_grad():
             next_actions = smooth_target_actions(
-                target_actor(next_obs), actor.action_scale, low, high, args.policy_noise, args.noise_clip
+                target_actor(batch.next_obs), actor.action_scale, low, high, args.policy_noise, args.noise_clip
             )
-            next_q = target_critic(next_obs, next_actions).amin(dim=0)
-            target = td_target(rewards, next_q, terminations, args.gamma)
-        q_values = critic(obs, actions)
+            next_q = target_critic(batch.next_obs, next_actions).amin(dim=0)
+            target = td_target(batch.rewards, next_q, batch.terminations, args.gamma)
+        q_values = critic(batch.obs, batch.actions)
         return ((q_values - target) ** 2).mean(dim=1), q_values
 
-    def actor_loss(obs) -> torch.Tensor:
-        """-Q1(s, actor(s)): the actor climbs the first critic, whose weights stay fixed here."""
-        return -critic(obs, actor(obs), num_critics=1, frozen=True).mean()
+    def actor_loss(obs: torch.Tensor) -> torch.Tensor:
+        """-Q1(s, actor(s)): the actor climbs the first critic."""
+        return -critic(obs, actor(obs), num_critics=1).mean()
 
     if args.compile:
         critic_losses, actor_loss = torch.compile(critic_losses), torch.compile(actor_loss)
 
-    # `latest` holds the latest losses and Q-values (device tensors), read back only when logged.
-    global_step, next_log, latest = 0, LOG_EVERY, {}
+    global_step = 0
     obs_np, _ = envs.reset(seed=args.seed)
-    if checkpoint:
-        for key, module in stateful.items():
-            module.load_state_dict(checkpoint[key])
-        envs = restore_envs(envs, checkpoint["envs"])
-        if checkpoint["envs"] is None:
-            print(
-                "the environments could not be saved with the checkpoint (dm_control, video recording?): resuming with fresh ones"
-            )
-            obs_np, _ = envs.reset(seed=args.seed + checkpoint["global_step"])
-        else:
-            obs_np = checkpoint["next_obs"]
-        restore_rng_state(checkpoint["rng"])
-        global_step, next_log = checkpoint["global_step"], checkpoint["next_log"]
-        latest = {key: value.to(device) for key, value in checkpoint["latest"].items()}
+    if run.checkpoint:
+        for key, stored in stateful.items():
+            stored.load_state_dict(run.checkpoint[key])
+        envs, obs_np = restore_envs(envs, run.checkpoint["envs"], obs_np)
+        global_step = run.checkpoint["global_step"]
     obs_np = obs_np.astype(np.float32)
 
-    def write_checkpoint() -> Path:
-        path = run.dir / CHECKPOINT_NAME
-        writer.flush()  # the curve up to this step is on disk before the checkpoint that resumes it
-        save_checkpoint(
-            path,
-            args,
+    def training_state() -> dict:
+        """What a checkpoint holds; resuming reads back each of these."""
+        return dict(
+            **{key: stored.state_dict() for key, stored in stateful.items()},
+            envs=snapshot_envs(envs, obs_np),
             global_step=global_step,
-            next_log=next_log,
-            **{key: module.state_dict() for key, module in stateful.items()},
-            envs=snapshot_envs(envs),
-            next_obs=obs_np,
-            latest={key: value.cpu() for key, value in latest.items()},
-            wandb_id=run.wandb_id,
         )
-        return path
 
-    progress = Progress(args.total_timesteps, start_step=global_step, label=f"{args.env_id} {args.exp_name}")
-    next_checkpoint = (
-        (global_step // args.checkpoint_every + 1) * args.checkpoint_every if args.checkpoint_every else None
-    )
-    start_time, start_step = time.time(), global_step
-
+    qf_losses = q_values = loss = None  # the latest gradient step's, read back when logged
+    run.begin(training_state)
     while global_step < args.total_timesteps:
-        # Act: one host-to-device copy of the observations, one device-to-host copy of the actions.
+        # 1. Act: one host-to-device copy of the observations, one device-to-host copy of the actions.
         if global_step < args.learning_starts:
             actions = random_actions(args.num_envs, low, high)
         else:
@@ -553,93 +405,44 @@ if __name__ == "__main__":
         previous_step, global_step = global_step, global_step + args.num_envs
         rb.add(obs_np, next_obs_np, actions_np, rewards, terminations, infos)
         obs_np = next_obs_np.astype(np.float32)  # a copy: the env overwrites next_obs_np in place
-        if "episode" in infos:
-            finished = infos["_episode"]
-            for episodic_return, episodic_length in zip(
-                infos["episode"]["r"][finished], infos["episode"]["l"][finished]
-            ):
-                writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                writer.add_scalar("charts/episodic_length", episodic_length, global_step)
-            progress.add_returns(infos["episode"]["r"][finished])
+        run.log_episodes(global_step, infos)
 
-        # Learn: one gradient step per environment step after `learning_starts`, numbered by that
+        # 2. Learn: one gradient step per environment step after `learning_starts`, numbered by that
         # step; the actor and the targets follow every `policy_frequency` steps (delayed).
         for update in range(max(previous_step, args.learning_starts) + 1, global_step + 1):
             batch = rb.sample(args.batch_size)
-            qf_losses, q_values = critic_losses(*batch)
+            qf_losses, q_values = critic_losses(batch)
             critic_optimizer.zero_grad()
             qf_losses.sum().backward()
             critic_optimizer.step()
-            latest["qf_losses"], latest["q_values"] = qf_losses.detach(), q_values.detach()
             if update % args.policy_frequency == 0:
-                loss = actor_loss(batch[0])
+                critic.requires_grad_(False)  # the actor's loss backpropagates through the critic, not into it
+                loss = actor_loss(batch.obs)
                 actor_optimizer.zero_grad()
                 loss.backward()
                 actor_optimizer.step()
-                latest["actor_loss"] = loss.detach()
+                critic.requires_grad_(True)
                 with torch.no_grad():
                     torch._foreach_lerp_(target_params, online_params, args.tau)
 
-        # Logging: one device-to-host read every LOG_EVERY steps.
-        if global_step >= next_log:
-            next_log = (global_step // LOG_EVERY + 1) * LOG_EVERY
-            if latest:
-                stats = {
-                    "qf1_loss": latest["qf_losses"][0],
-                    "qf2_loss": latest["qf_losses"][1],
-                    "qf1_values": latest["q_values"][0].mean(),
-                    "qf2_values": latest["q_values"][1].mean(),
-                }
-                if "actor_loss" in latest:
-                    stats["actor_loss"] = latest["actor_loss"]
-                stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
-                stats["qf_loss"] = (stats["qf1_loss"] + stats["qf2_loss"]) / 2.0
-                for name, value in stats.items():
-                    writer.add_scalar(f"losses/{name}", value, global_step)
-                for name, value in stats.items():
-                    if not np.isfinite(value):
-                        path = write_checkpoint()
-                        fail(f"losses/{name} is {value} at step {global_step}; checkpoint written to {path}")
-            writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
-            writer.add_scalar("charts/SPS", int((global_step - start_step) / (time.time() - start_time)), global_step)
-            progress.update(global_step)
+        # 3. Log every LOG_EVERY steps (one device-to-host read), checkpoint when due.
+        if global_step // LOG_EVERY > previous_step // LOG_EVERY:
+            scalars = {"charts/learning_rate": args.learning_rate}
+            if qf_losses is not None:
+                q1, q2 = q_values.mean(dim=1)
+                scalars.update({"losses/qf1_values": q1, "losses/qf2_values": q2, "losses/qf_loss": qf_losses.mean()})
+                scalars.update({"losses/qf1_loss": qf_losses[0], "losses/qf2_loss": qf_losses[1]})
+            if loss is not None:
+                scalars["losses/actor_loss"] = loss
+            run.log(global_step, scalars)
+        run.end_iteration(global_step)
 
-        if stop or (next_checkpoint is not None and global_step >= next_checkpoint):
-            path = write_checkpoint()
-            if next_checkpoint is not None:
-                next_checkpoint = (global_step // args.checkpoint_every + 1) * args.checkpoint_every
-            if stop:
-                print(f"\n{stop.received}: checkpoint written to {path}; continue with --resume {path}", flush=True)
-                envs.close()
-                run.close()
-                raise SystemExit(0)
-
-    progress.close(global_step)
     envs.close()
-
-    if args.save_model:
-        model_path = run.dir / f"{args.exp_name}.cleanrl_model"
-        save_model(
-            model_path,
-            args,
-            actor=actor.state_dict(),
-            critic=critic.state_dict(),
-            obs_dim=obs_dim,
-            action_dim=action_dim,
-        )
-        print(f"model saved to {model_path}")
-        episodic_returns = evaluate(
-            model_path,
-            args.eval_episodes,
-            device,
-            seed=args.seed + 1_000,
-            capture_video=args.capture_video,
-            video_dir=run.dir / "videos" / "eval",
-        )
-        for idx, episodic_return in enumerate(episodic_returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(
-            f"evaluation over {len(episodic_returns)} episodes: {np.mean(episodic_returns):.1f} +- {np.std(episodic_returns):.1f}"
-        )
-
-    run.close()
+    run.finish(
+        global_step,
+        evaluate,
+        actor=actor.state_dict(),
+        critic=critic.state_dict(),
+        obs_dim=obs_dim,
+        action_dim=action_dim,
+    )

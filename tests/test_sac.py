@@ -234,14 +234,14 @@ def test_twin_critics_are_two_plain_q_networks_and_frozen_ones_pass_gradients_to
     assert q.shape == (2, 16)
     for i in range(2):  # critic i is an ordinary q_network holding slice i of the stacked parameters
         critic = sac.q_network(5, 2)
-        linears = [layer for layer in critic if isinstance(layer, torch.nn.Linear)]
-        with torch.no_grad():
-            for linear, w, b in zip(linears, qf.weights, qf.biases):
-                linear.weight.copy_(w[i]), linear.bias.copy_(b[i, :, 0])
+        layers = {"0": (qf.w1[i].T, qf.b1[i, 0]), "2": (qf.w2[i].T, qf.b2[i, 0]), "4": (qf.w3[i], qf.b3[i])}
+        critic.load_state_dict(
+            {f"{k}.weight": w for k, (w, _) in layers.items()} | {f"{k}.bias": b for k, (_, b) in layers.items()}
+        )
         torch.testing.assert_close(q[i], critic(torch.cat([obs, actions], dim=-1)).squeeze(-1))
     assert not torch.allclose(q[0], q[1])  # independently initialised
     bound = 1 / 256**0.5  # nn.Linear's initialisation of the hidden layer: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-    assert qf.weights[1].abs().max() <= bound and qf.weights[1].abs().max() > 0.95 * bound
+    assert qf.w2.abs().max() <= bound and qf.w2.abs().max() > 0.95 * bound
     (grad_actions,) = torch.autograd.grad(q.sum(), actions)
     qf.requires_grad_(False)  # as in the policy's step: through the critics, not into their weights
     frozen = qf(obs, actions)

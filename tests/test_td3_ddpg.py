@@ -1,6 +1,6 @@
 """td3_continuous_action.py and ddpg_continuous_action.py: smoke runs on classic control, MuJoCo
-and dm_control; the action maths, the twin critic and the replay buffer against the
-definitions; bad input; checkpoints and exact resume; learning Pendulum."""
+and dm_control; the action maths, the twin critic (against two plain q_networks) and the replay
+buffer's named fields against the definitions; bad input; checkpoints and exact resume; learning Pendulum."""
 
 from __future__ import annotations
 
@@ -240,26 +240,32 @@ def test_td_target_cuts_the_bootstrap_only_at_terminations(algo, dtype):
     assert got.tolist() == pytest.approx([1.0, 0.5 + 0.9 * 4.0, -1.0 + 0.9 * 5.0, 2.0])
 
 
-def test_twin_critic_is_two_independent_mlps():
+def test_twin_critic_is_two_independent_q_networks():
     torch.manual_seed(0)
-    critic = td3.TwinCritic(3, 2)
+    critic = td3.TwinQNetwork(3, 2)
     obs, actions = torch.randn(7, 3), torch.randn(7, 2, requires_grad=True)
     q = critic(obs, actions)
     assert q.shape == (2, 7)
     x = torch.cat([obs, actions], dim=-1)
-    for i in range(2):  # the plain per-critic MLP
-        h = F.relu(x @ critic.w1[i] + critic.b1[i])
-        h = F.relu(h @ critic.w2[i] + critic.b2[i])
-        torch.testing.assert_close(q[i], (h @ critic.w3[i].T + critic.b3[i]).squeeze(-1))
+    for i in range(2):  # critic i is an ordinary q_network holding slice i of the stacked parameters
+        plain = td3.q_network(3, 2)
+        layers = {"0": (critic.w1[i].T, critic.b1[i, 0]), "2": (critic.w2[i].T, critic.b2[i, 0])}
+        layers["4"] = (critic.w3[i], critic.b3[i])
+        plain.load_state_dict(
+            {f"{k}.{kind}": t for k, pair in layers.items() for kind, t in zip(("weight", "bias"), pair)}
+        )
+        torch.testing.assert_close(q[i], plain(x).squeeze(-1))
     assert not torch.equal(q[0], q[1]) and not torch.equal(critic.w2[0], critic.w2[1])
     bound = 1 / 256**0.5  # nn.Linear's initialisation: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
     assert critic.w2.abs().max() <= bound and critic.w2.abs().max() > 0.95 * bound
-    # The first critic alone, with frozen weights: gradients reach the actions, not the weights.
-    q1 = critic(obs, actions, num_critics=1, frozen=True)
+    # The first critic alone, frozen as in the actor's step: gradients reach the actions, not the weights.
+    critic.requires_grad_(False)
+    q1 = critic(obs, actions, num_critics=1)
     torch.testing.assert_close(q1, q[:1])
     q1.sum().backward()
     assert actions.grad is not None and actions.grad.abs().sum() > 0
     assert all(p.grad is None for p in critic.parameters())
+    critic.requires_grad_(True)
     q.sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in critic.parameters())
 
@@ -268,7 +274,8 @@ def test_ddpg_frozen_critic_passes_gradients_to_the_actions_only():
     torch.manual_seed(0)
     critic = ddpg.QNetwork(3, 2)
     obs, actions = torch.randn(7, 3), torch.randn(7, 2, requires_grad=True)
-    q = critic(obs, actions, frozen=True)
+    critic.requires_grad_(False)  # as in the actor's step
+    q = critic(obs, actions)
     torch.testing.assert_close(
         q, critic.fc3(F.relu(critic.fc2(F.relu(critic.fc1(torch.cat([obs, actions], -1)))))).squeeze(-1)
     )
@@ -321,20 +328,20 @@ def test_buffer_stores_the_true_final_observation_of_a_truncated_episode(algo):
         )
     actions = np.linspace(-2, 2, 7, dtype=np.float32)[:, None]  # the 5th step truncates, nothing terminates
     rb, returned_obs = fill_from_rollout(MODULES[algo], "PendulumFiveSteps-v1", actions, num_envs=2, seed=3)
-    d, a = 3, 1  # row: obs 0:3 | next_obs 3:6 | action 6 | reward 7 | termination 8
     for env_index in range(2):
         reference, terminated = reference_rollout("PendulumFiveSteps-v1", actions, seed=3 + env_index)
         assert len(reference) == 6 and not terminated
-        rows = rb.data[env_index : 7 * 2 : 2]  # the env's transitions, in step order
-        np.testing.assert_allclose(rows[4, d : 2 * d].numpy(), reference[5], rtol=1e-6)  # the true final observation
-        assert not np.allclose(rows[4, d : 2 * d].numpy(), returned_obs[4][env_index])  # not the reset one
-        assert rows[4, 2 * d + a + 1].item() == 0.0  # a truncation is not a termination: it bootstraps
+        rows = rb.fields(rb.data[env_index : 7 * 2 : 2])  # the env's transitions, in step order, by field
+        np.testing.assert_allclose(rows.next_obs[4].numpy(), reference[5], rtol=1e-6)  # the true final observation
+        assert not np.allclose(rows.next_obs[4].numpy(), returned_obs[4][env_index])  # not the reset one
+        assert rows.terminations[4].item() == 0.0  # a truncation is not a termination: it bootstraps
         for t in range(4):
-            np.testing.assert_array_equal(rows[t, d : 2 * d].numpy(), rows[t + 1, :d].numpy())
-        np.testing.assert_array_equal(rows[5, :d].numpy(), returned_obs[4][env_index])  # then a fresh episode
-        np.testing.assert_array_equal(rows[:, 2 * d].numpy(), actions[:, 0])
-    obs, actions_b, next_obs, rewards, terminations = rb.sample(64)
-    assert obs.shape == (64, 3) and actions_b.shape == (64, 1) and next_obs.shape == (64, 3) and rewards.shape == (64,)
+            np.testing.assert_array_equal(rows.next_obs[t].numpy(), rows.obs[t + 1].numpy())
+        np.testing.assert_array_equal(rows.obs[5].numpy(), returned_obs[4][env_index])  # then a fresh episode
+        np.testing.assert_array_equal(rows.actions[:, 0].numpy(), actions[:, 0])
+    batch = rb.sample(64)
+    assert batch._fields == ("obs", "next_obs", "actions", "rewards", "terminations")
+    assert [t.shape for t in batch] == [(64, 3), (64, 3), (64, 1), (64,), (64,)]
 
 
 def test_buffer_stores_a_termination_with_the_terminal_observation():
@@ -343,10 +350,10 @@ def test_buffer_stores_a_termination_with_the_terminal_observation():
     reference, terminated = reference_rollout("Hopper-v5", actions, seed=0)
     assert terminated
     t = len(reference) - 2  # index of the terminating transition
-    d, a = 11, 3
-    assert rb.data[t, 2 * d + a + 1].item() == 1.0 and rb.data[:t, 2 * d + a + 1].eq(0).all()
-    np.testing.assert_allclose(rb.data[t, d : 2 * d].numpy(), reference[-1], rtol=1e-5, atol=1e-6)
-    assert rb.data[t + 1, 2 * d + a + 1].item() == 0.0  # the next episode goes on
+    fields = rb.fields(rb.data)
+    assert fields.terminations[t].item() == 1.0 and fields.terminations[:t].eq(0).all()
+    np.testing.assert_allclose(fields.next_obs[t].numpy(), reference[-1], rtol=1e-5, atol=1e-6)
+    assert fields.terminations[t + 1].item() == 0.0  # the next episode goes on
 
 
 # --- bad input ---------------------------------------------------------------------------------
@@ -411,6 +418,14 @@ def test_bad_input_on_the_command_line_fails_before_any_work(workdir, algo, flag
     assert_bad_input(run_script(SCRIPTS[algo], *flags, cwd=workdir), workdir, *fragments)
 
 
+@pytest.mark.parametrize("algo", ["td3", "ddpg"])
+def test_a_replay_buffer_that_cannot_fit_is_refused_before_allocation(workdir, algo):
+    # 10^12 rows of Pendulum transitions (3 + 3 + 1 + 1 + 1 float32 each) are 36,000 GB.
+    result = run_script(SCRIPTS[algo], "--env-id", "Pendulum-v1", "--buffer-size", "1000000000000", cwd=workdir)
+    assert result.returncode == 2
+    assert_bad_input(result, workdir, "--buffer-size", "replay buffer needs 36000.0 GB", "GB available")
+
+
 # --- checkpoints, resume ------------------------------------------------------------------------
 
 
@@ -431,6 +446,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(workdir, straight_
     assert not (run_dir / f"{SCRIPTS[algo][:-3]}.cleanrl_model").exists()
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < steps and checkpoint["replay_buffer"]["size"] == checkpoint["global_step"]
+    assert not {"next_log", "latest", "next_obs"} & checkpoint.keys()  # no logging state; next_obs is in envs
     assert checkpoint["envs"] is not None  # classic-control and MuJoCo simulators are saved exactly
 
     resumed = run_script(SCRIPTS[algo], *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=workdir)
