@@ -23,6 +23,7 @@ RUNS = {
     "ppo.py": (["--env-id", "CartPole-v1", *PPO_TINY], 192, 100),
     "dqn.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY], 300, 200),
     "c51.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY, "--n-atoms", "11"], 300, 200),
+    "pqn.py": (["--env-id", "CartPole-v1", *PPO_TINY], 192, 100),
     "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
     "sac_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
     "td3_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
