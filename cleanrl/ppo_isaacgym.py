@@ -16,8 +16,7 @@ Action space: a one-dimensional Box. Simulators (`--simulator auto`: Isaac Gym w
 
     uv run python cleanrl/ppo_isaacgym.py --env-id Ant
 
-Expect Isaac Gym Ant ~3,950 after 240 s on a GPU (CleanRL's figure); this script on the CPU (MuJoCo Warp Ant, a
-completion check): benchmark/results/ppo_isaacgym_cpu.md (commands in benchmark/ppo_isaacgym_*.sh).
+Expect Isaac Gym Ant ~3,950 after 240 s on a GPU (CleanRL's figure); CPU runs: benchmark/results/ppo_isaacgym_cpu.md.
 """
 
 import importlib.util
