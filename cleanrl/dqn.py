@@ -109,8 +109,8 @@ def validate(args: Args) -> None:
     )
     if args.checkpoint_every < 0:
         fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
-    if args.learning_starts < 0:
-        fail(f"--learning-starts must be 0 or positive, got {args.learning_starts}")
+    if not 0 <= args.learning_starts < args.total_timesteps:
+        fail(f"--learning-starts {args.learning_starts} must be in [0, --total-timesteps {args.total_timesteps})")
     if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
         fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
     if not 0 <= args.end_e <= args.start_e <= 1:

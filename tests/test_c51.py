@@ -171,6 +171,7 @@ def test_q_values_are_the_means_and_select_actions_is_greedy_on_them():
         (["--env-id", "Pendulum-v1"], ["Discrete", "sac_continuous_action.py", "td3_continuous_action.py"]),
         (["--v-min", "5", "--v-max", "5"], ["--v-min must be below --v-max"]),
         (["--n-atoms", "1"], ["--n-atoms must be at least 2"]),
+        (["--total-timesteps", "5000"], ["--learning-starts 10000 must be in [0, --total-timesteps 5000)"]),
         (["--buffer-size", "64", "--batch-size", "128"], ["--batch-size 128 is larger than --buffer-size 64"]),
         # 10**12 transitions of 11 float32s: 44,000 GB, refused before allocating (and before the run directory).
         (

@@ -223,6 +223,8 @@ def test_buffer_wraps_around_and_samples_what_it_holds():
         (["--env-id", "Pendulum-v1"], ["Discrete", "ddpg_continuous_action.py", "sac_continuous_action.py"]),
         (["--buffer-size", "64", "--batch-size", "128"], ["--batch-size 128 is larger than --buffer-size 64"]),
         (["--total-timesteps", "0"], ["--total-timesteps must be positive"]),
+        # the default --learning-starts 10000: nothing would be learned
+        (["--total-timesteps", "5000"], ["--learning-starts 10000 must be in [0, --total-timesteps 5000)"]),
         (["--start-e", "0.1", "--end-e", "0.5"], ["--end-e", "--start-e"]),
         # 10**12 transitions of 11 float32s: 44,000 GB, refused before allocating (and before the run directory).
         (
