@@ -17,6 +17,7 @@ MULTIAGENT_REPLAY = ["--buffer-size", "500", "--batch-size", "16", "--learning-s
 VMAS_SHORT = ["--env-id", "vmas/navigation", "--max-episode-steps", "10"]
 PPO_TINY = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"]
 OFF_POLICY_TINY = ["--buffer-size", "500", "--batch-size", "16", "--learning-starts", "100"]
+PIXEL_REPLAY_TINY = ["--buffer-size", "500", "--batch-size", "8", "--learning-starts", "100", "--num-envs", "2"]
 
 # Tiny runs of every script: (flags, total timesteps, --checkpoint-every for a checkpoint before the end).
 RUNS = {
@@ -24,6 +25,7 @@ RUNS = {
     "dqn.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY], 300, 200),
     "c51.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY, "--n-atoms", "11"], 300, 200),
     "pqn.py": (["--env-id", "CartPole-v1", *PPO_TINY], 192, 100),
+    "dqn_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY], 300, 200),
     "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
     "sac_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
     "td3_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
