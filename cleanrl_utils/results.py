@@ -40,6 +40,7 @@ class RunSummary:
     score: float
     wall_time: float
     last_n: int = 100  # the score is the mean of this many last episodic returns
+    peak_memory_gb: float | None = None  # the host's peak resident memory (perf/peak_memory_gb), where logged
 
     @property
     def sps(self) -> float:
@@ -144,7 +145,9 @@ def read_summary(run_dir: Path, last_n: int = 100) -> RunSummary:
     wall_time = max(e.wall_time for e in every_event) - min(e.wall_time for e in every_event)
     steps = max(e.step for e in every_event)
     score = float(np.mean([e.value for e in returns[-last_n:]]))
-    return RunSummary(args["env_id"], args["exp_name"], args["seed"], steps, score, wall_time, last_n)
+    memory = acc.Scalars("perf/peak_memory_gb") if "perf/peak_memory_gb" in acc.Tags()["scalars"] else []
+    peak = max(e.value for e in memory) if memory else None
+    return RunSummary(args["env_id"], args["exp_name"], args["seed"], steps, score, wall_time, last_n, peak)
 
 
 def summarize_run(run_dir: Path, last_n: int = 100) -> RunSummary:
@@ -194,27 +197,36 @@ def aggregate(summaries: list[RunSummary]) -> list[dict]:
                 "SPS": f"{np.mean([r.sps for r in runs]):,.0f}",
             }
         )
+        peaks = [r.peak_memory_gb for r in runs if r.peak_memory_gb is not None]
+        if peaks:
+            rows[-1]["peak memory (GB)"] = f"{max(peaks):.2f}"
     return rows
 
 
+def columns(rows: list[dict]) -> list[str]:
+    """Every column of `rows` in first-seen order (runs logged before perf/peak_memory_gb existed lack that one)."""
+    return list(dict.fromkeys(key for row in rows for key in row))
+
+
 def markdown_table(rows: list[dict], machine: str) -> str:
-    header = list(rows[0])
+    header = columns(rows)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(row[h]) for h in header) + " |" for row in rows]
+    lines += ["| " + " | ".join(str(row.get(h, "")) for h in header) + " |" for row in rows]
     note = (
         "Return: mean of each run's last episodic returns (as many as the scored-episodes column says), "
         "then mean +- std across seeds. "
-        "Wall time: first to last TensorBoard event of a run (after start-up). SPS: steps / wall time."
+        "Wall time: first to last TensorBoard event of a run (after start-up). SPS: steps / wall time. "
+        "Peak memory: the largest peak resident host memory of the seeds' processes."
     )
     return "\n".join(lines) + f"\n\n{note}\n\nMachine: {machine}\n"
 
 
 def write_tables(rows: list[dict], output: Path, machine: str) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
-    header = list(rows[0])
+    header = columns(rows)
     output.with_suffix(".md").write_text(markdown_table(rows, machine))
     with open(output.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
+        writer = csv.DictWriter(f, fieldnames=header, restval="")
         writer.writeheader()
         writer.writerows(rows)
 

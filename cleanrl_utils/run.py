@@ -26,6 +26,7 @@ import math
 import netrc
 import os
 import random
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -146,12 +147,20 @@ class Run:
         self.writer.add_scalar(
             "charts/SPS", int((step - self.start_step) / max(time.time() - self.start_time, 1e-9)), step
         )
+        self.log_peak_memory(step)
         self.progress.update(step)
         for name, value in values.items():
             if "loss" in name.rsplit("/", 1)[-1] and not math.isfinite(value):  # losses/td_loss, not losses/entropy
                 path = self.write_checkpoint()
                 fail(f"{name} is {value} at step {step}; checkpoint written to {path}")
         return values
+
+    def log_peak_memory(self, step: int) -> None:
+        """perf/peak_memory_gb: the process's peak resident memory so far (host); perf/peak_gpu_memory_gb: the peak
+        allocated by torch on the GPU, when one is used."""
+        self.writer.add_scalar("perf/peak_memory_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, step)
+        if self.device.type == "cuda":
+            self.writer.add_scalar("perf/peak_gpu_memory_gb", torch.cuda.max_memory_allocated(self.device) / 1e9, step)
 
     def log_episodes(self, step: int, infos: dict | None = None, returns=None, lengths=None) -> None:
         """charts/episodic_return and charts/episodic_length of the episodes that just ended:

@@ -438,7 +438,7 @@ def test_sigkill_then_resume_on_hopper_reproduces_the_uninterrupted_run(hopper_r
     # Every iteration updates before it logs, so every curve but the wall-clock SPS continues exactly.
     scalars, straight = read_scalars(run_dir), read_scalars(hopper_run)
     assert scalars.keys() == straight.keys()
-    for key in sorted(set(straight) - {"charts/SPS"}):
+    for key in sorted(set(straight) - {"charts/SPS", "perf/peak_memory_gb"}):
         assert scalars[key] == straight[key], key
     model, straight_model = load(run_dir / MODEL), load(hopper_run / MODEL)
     for key in ("agent", "obs_rms", "return_rms"):

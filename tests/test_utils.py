@@ -188,6 +188,35 @@ def test_results_table_matches_hand_computed_numbers(tmp_path):
     assert (tmp_path / "out" / "ppo.csv").read_text().splitlines()[0].startswith("script,environment")
 
 
+def test_results_report_the_largest_peak_memory_of_the_seeds(tmp_path):
+    a = make_run(tmp_path, "MinAtar/Breakout-v1", 1, [1.0] * 10, exp_name="dqn_atari")
+    b = make_run(tmp_path, "MinAtar/Breakout-v1", 2, [3.0] * 10, exp_name="dqn_atari")
+    for run_dir, peaks in ((a, [0.5, 0.75]), (b, [0.6, 1.25])):
+        writer = SummaryWriter(str(run_dir))
+        for step, peak in enumerate(peaks):
+            writer.add_scalar("perf/peak_memory_gb", peak, step * 10)
+        writer.close()
+    old = make_run(tmp_path, "CartPole-v1", 1, [2.0] * 10)  # logged before the column existed
+    rows = results.aggregate([results.summarize_run(run) for run in (a, b, old)])
+    assert [row.get("peak memory (GB)") for row in rows] == ["1.25", None]
+    results.write_tables(rows, tmp_path / "out" / "mixed", "test machine")
+    assert "| 1.25 |" in (tmp_path / "out" / "mixed.md").read_text()
+
+
+def test_run_logs_its_peak_memory(tmp_path):
+    from conftest import read_scalars
+
+    from cleanrl_utils.run import Run
+
+    run = Run(RunArgs(), tmp_path / "fake.py", run_dir=tmp_path / "run")
+    run.begin(lambda: {"global_step": 0})
+    run.log(10, {"losses/td_loss": torch.tensor(1.0)})
+    run.close()
+    peak = read_scalars(tmp_path / "run")["perf/peak_memory_gb"]
+    # A process that imported torch holds some hundreds of MB; the host has 24 GB.
+    assert len(peak) == 1 and 0.05 < peak[0][1] < 24
+
+
 def test_results_main_takes_a_runs_folder(tmp_path, monkeypatch):
     # `python -m cleanrl_utils.results runs` finds the run directories below the folder.
     make_run(tmp_path / "runs", "CartPole-v1", 1, [2.0] * 100)
