@@ -134,3 +134,19 @@ def test_life_loss_is_read_from_the_lives_counter():
         [False, False],  # a reset raises the counter: no loss
         [True, False],
     ]
+
+
+def test_random_policy_baseline_logs_whole_games_that_results_can_score(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT, run_dirs, script_env
+
+    from cleanrl_utils import results
+
+    command = [sys.executable, str(ROOT / "benchmark" / "random_policy_pixels.py"), "--total-timesteps", "2000"]
+    done = subprocess.run(command, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    summary = results.summarize_run(run_dir)
+    assert summary.env_id == "MinAtar/Breakout-v1" and summary.steps == 2000 and 0 <= summary.score < 5
