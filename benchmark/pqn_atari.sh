@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINATAR="--total-timesteps 1000000 --learning-rate 5e-4 --end-e 0.05"
-uv run python -m cleanrl_utils.benchmark --env-ids MinAtar/Breakout-v1 MinAtar/SpaceInvaders-v1 \
-    --command "uv run python cleanrl/pqn_atari.py $MINATAR" --num-seeds 3 --workers "${WORKERS:-1}" \
+uv run --extra atari python -m cleanrl_utils.benchmark --env-ids MinAtar/Breakout-v1 MinAtar/SpaceInvaders-v1 \
+    --command "uv run --extra atari python cleanrl/pqn_atari.py $MINATAR" --num-seeds 3 --workers "${WORKERS:-1}" \
     --output benchmark/results/pqn_atari
 runs=(runs/MinAtar-Breakout-v1__pqn_atari__* runs/MinAtar-SpaceInvaders-v1__pqn_atari__*)
-uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/pqn_atari.png
+uv run --extra atari python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/pqn_atari.png

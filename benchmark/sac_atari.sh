@@ -7,8 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINATAR="--total-timesteps 1000000 --buffer-size 100000 --learning-starts 5000"
-uv run python -m cleanrl_utils.benchmark --env-ids MinAtar/Breakout-v1 MinAtar/SpaceInvaders-v1 \
-    --command "uv run python cleanrl/sac_atari.py $MINATAR" --num-seeds 3 --workers "${WORKERS:-1}" \
+uv run --extra atari python -m cleanrl_utils.benchmark --env-ids MinAtar/Breakout-v1 MinAtar/SpaceInvaders-v1 \
+    --command "uv run --extra atari python cleanrl/sac_atari.py $MINATAR" --num-seeds 3 --workers "${WORKERS:-1}" \
     --output benchmark/results/sac_atari
 runs=(runs/MinAtar-Breakout-v1__sac_atari__* runs/MinAtar-SpaceInvaders-v1__sac_atari__*)
-uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/sac_atari.png
+uv run --extra atari python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/sac_atari.png
