@@ -190,10 +190,16 @@ class RecordGameVideos(gym.vector.VectorWrapper):
 
 
 def make_envs(
-    env_id: str, num_envs: int, capture_video: bool = False, video_dir: Path | None = None, num_threads: int = 0
+    env_id: str,
+    num_envs: int,
+    capture_video: bool = False,
+    video_dir: Path | None = None,
+    num_threads: int = 0,
+    stack_num: int = 4,
 ) -> gym.vector.VectorEnv:
     """`num_envs` copies of `env_id` (checked with `check_env_id` first) as described above; seed them with
-    `envs.reset(seed=...)`. `num_threads` (ALE only): C++ worker threads, 0 for one per core up to num_envs."""
+    `envs.reset(seed=...)`. `num_threads` (ALE only): C++ worker threads, 0 for one per core up to num_envs.
+    `stack_num` (ALE only): frames stacked per observation (1 for a recurrent agent that sees one frame at a time)."""
     register_envs()
     if is_minatar(env_id):
         envs = gym.vector.SyncVectorEnv(
@@ -210,6 +216,7 @@ def make_envs(
             num_threads=num_threads or min(num_envs, os.cpu_count() or 1),
             repeat_action_probability=kwargs.get("repeat_action_probability", 0.0),
             max_num_frames_per_episode=kwargs.get("max_num_frames_per_episode", 108_000),
+            stack_num=stack_num,
             frameskip=FRAME_SKIP,
             noop_max=30,
             use_fire_reset=True,
