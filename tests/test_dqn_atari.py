@@ -118,6 +118,7 @@ def test_a_million_step_atari_buffer_needs_under_7_5_gb():
         (["--env-id", "CartPole-v1"], ["cleanrl/dqn.py"]),
         (["--env-id", "Breakout-v4"], ["BreakoutNoFrameskip-v4"]),
         (["--env-id", "MinAtar/Brekout-v1"], ["MinAtar/Breakout-v1"]),
+        (["--env-id", "StarpilotEasy-v0"], ["Procgen", "ppo_procgen.py"]),
         (["--batch-size", "0"], ["--batch-size"]),
         (["--learning-starts", "2"], ["--learning-starts"]),
         (["--end-e", "0.5", "--start-e", "0.1"], ["epsilon"]),

@@ -91,6 +91,8 @@ def check_env_id(env_id: str, flat_script: str) -> None:
     """Fail in one line unless `env_id` is an ALE or MinAtar game this module can run; for other known ids name the
     scripts that fit (`flat_script` for discrete actions on flat observations)."""
     register_envs()
+    if env_id.endswith(("Easy-v0", "Hard-v0")) and env_id not in gym.registry:
+        fail(f"{env_id} is a Procgen game (envpool); use cleanrl/ppo_procgen.py or cleanrl/ppg_procgen.py")
     if env_id not in gym.registry:
         games = [k for k in gym.registry if _runs_here(k)]
         lowered = {k.lower(): k for k in games}
