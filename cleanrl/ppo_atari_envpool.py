@@ -13,7 +13,7 @@ games (its networks, optimiser, counters and curve continue).
 
     uv run python cleanrl/ppo_atari_envpool.py --env-id Breakout-v5 --total-timesteps 10000000 --capture-video
 
-Expect Breakout ~400 after 10M steps (CleanRL's figure for its envpool PPO); results in
+Expect Breakout-v5 ~210 after 10M steps (CleanRL's envpool PPO: 211.24 +- 151.84); results in
 benchmark/results/ppo_atari_envpool.md.
 """
 

@@ -30,6 +30,19 @@ RUNS = {
     "rainbow_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY], 300, 200),
     "ppo_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PPO_TINY], 192, 100),
     "ppo_atari_lstm.py": (["--env-id", "MinAtar/Breakout-v1", *PPO_TINY], 192, 100),
+    "ppo_atari_envpool.py": (["--env-id", "Breakout-v5", *PPO_TINY], 192, 100),
+    "ppo_procgen.py": (["--env-id", "StarpilotEasy-v0", *PPO_TINY], 192, 100),
+    "ppg_procgen.py": (
+        ["--env-id", "StarpilotEasy-v0", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2"]
+        + ["--n-iteration", "2", "--e-auxiliary", "1", "--num-aux-rollouts", "2"],
+        192,
+        100,
+    ),
+    "ppo_rnd_envpool.py": (
+        ["--env-id", "Breakout-v5", *PPO_TINY, "--num-iterations-obs-norm-init", "1"],  # short games to evaluate
+        192,
+        100,
+    ),
     "sac_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY], 300, 200),
     "pqn_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PPO_TINY], 192, 100),
     "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
