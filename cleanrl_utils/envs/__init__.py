@@ -3,4 +3,7 @@ interface the scripts use (what gymnasium's vector envs and RecordEpisodeStatist
 single-agent scripts). Nothing here changes what an agent learns.
 
 - `multiagent`: VMAS scenarios and mpe2 tasks as [num_envs, n_agents, ...] tensors.
+- `atari`: ALE (ale-py's C++ vector env) and MinAtar games as whole games of uint8 frames, NEXT_STEP autoreset.
+- `envpool_atari`: envpool's Atari games with the same interface.
+- `procgen`: envpool's Procgen games.
 """
