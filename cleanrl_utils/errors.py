@@ -23,16 +23,20 @@ def check_positive(**values: float) -> None:
             fail(f"--{name.replace('_', '-')} must be positive, got {value}")
 
 
+def nearest_ids(env_id: str, known) -> list[str]:
+    """Up to three of the `known` ids closest to `env_id`, compared case-insensitively so that "cartpole-v1" still
+    finds "CartPole-v1"."""
+    lowered = {k.lower(): k for k in known}
+    return [lowered[k] for k in difflib.get_close_matches(env_id.lower(), list(lowered), n=3, cutoff=0.5)]
+
+
 def check_env_id(env_id: str) -> None:
     """Fail with the nearest registered ids when gymnasium does not know `env_id`."""
     import gymnasium as gym
 
     if env_id in gym.registry:
         return
-    known = list(gym.registry.keys())
-    # Compare case-insensitively so "cartpole-v1" still finds "CartPole-v1".
-    lowered = {k.lower(): k for k in known}
-    near = [lowered[k] for k in difflib.get_close_matches(env_id.lower(), list(lowered), n=3, cutoff=0.5)]
+    near = nearest_ids(env_id, gym.registry.keys())
     hint = f"; did you mean {', '.join(near)}?" if near else "; see gymnasium.registry for the known ids"
     fail(f"unknown environment id {env_id!r}{hint}")
 

@@ -16,14 +16,13 @@ frames, FIRE on reset, games cut at 108,000 frames. `BreakoutNoFrameskip-v4` ids
 
 from __future__ import annotations
 
-import difflib
 import os
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
-from cleanrl_utils.errors import fail
+from cleanrl_utils.errors import fail, nearest_ids
 
 # Atari frames per agent step (the vector env's frame skip) and the video frame rate that plays them in real time.
 FRAME_SKIP = 4
@@ -95,8 +94,7 @@ def check_env_id(env_id: str, flat_script: str) -> None:
         fail(f"{env_id} is a Procgen game (envpool); use cleanrl/ppo_procgen.py or cleanrl/ppg_procgen.py")
     if env_id not in gym.registry:
         games = [k for k in gym.registry if _runs_here(k)]
-        lowered = {k.lower(): k for k in games}
-        near = [lowered[k] for k in difflib.get_close_matches(env_id.lower(), list(lowered), n=3, cutoff=0.5)]
+        near = nearest_ids(env_id, games)
         hint = (
             f"; did you mean {', '.join(near)}?"
             if near

@@ -16,14 +16,13 @@ off too (the scripts clip what learning sees). envpool cannot be pickled: checkp
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
 from cleanrl_utils.envs.atari import CONTINUOUS_SCRIPTS, LifeLoss, RecordGameVideos
-from cleanrl_utils.errors import fail
+from cleanrl_utils.errors import fail, nearest_ids
 
 INFO_KEYS = ("lives", "reward", "terminated", "elapsed_step")  # envpool's info, less the RAM and player ids
 
@@ -58,8 +57,7 @@ def check_env_id(env_id: str, ale_hint: str, flat_script: str) -> None:
         if not hasattr(action_space, "n"):
             fail(f"{env_id} has continuous actions ({action_space}); use {CONTINUOUS_SCRIPTS}")
         fail(f"{env_id} is not an Atari game; for flat observations use {flat_script}")
-    lowered = {k.lower(): k for k in atari}
-    near = [lowered[k] for k in difflib.get_close_matches(env_id.lower(), list(lowered), n=3, cutoff=0.5)]
+    near = nearest_ids(env_id, atari)
     hint = (
         f"; did you mean {', '.join(near)}?" if near else " (envpool Atari ids: Breakout-v5, MontezumaRevenge-v5 ...)"
     )

@@ -13,14 +13,13 @@ are made (`seed`), not at reset. Needs envpool (the `envpool` extra) and the sys
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
 from cleanrl_utils.envs.atari import RecordGameVideos
-from cleanrl_utils.errors import fail
+from cleanrl_utils.errors import fail, nearest_ids
 
 GAMES = (
     "bigfish bossfight caveflyer chaser climber coinrun dodgeball fruitbot heist jumper leaper maze miner ninja "
@@ -42,8 +41,7 @@ def check_env_id(env_id: str) -> None:
         fail(f"{env_id} is an Atari game, not a Procgen one; use cleanrl/ppo_atari.py")
     if env_id in gym.registry:
         fail(f"{env_id} is not a Procgen game (StarpilotEasy-v0 ...); for flat observations use cleanrl/ppo.py")
-    lowered = {k.lower(): k for k in PROCGEN_IDS}
-    near = [lowered[k] for k in difflib.get_close_matches(env_id.lower(), list(lowered), n=3, cutoff=0.5)]
+    near = nearest_ids(env_id, PROCGEN_IDS)
     hint = f"; did you mean {', '.join(near)}?" if near else " (Procgen: StarpilotEasy-v0, BigfishEasy-v0 ...)"
     fail(f"unknown environment id {env_id!r}{hint}")
 
