@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from cleanrl_utils.errors import fail
-from cleanrl_utils.results import RunError, find_run_dirs, load_events, read_scalar, run_info
+from cleanrl_utils.results import RunError, find_run_dirs, iqm, load_events, read_scalar, run_info
 
 
 @dataclass
@@ -84,15 +84,6 @@ def interpolate(x: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
 def mean_std(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Mean and (population, ddof 0) standard deviation across runs."""
     return np.mean(values, axis=axis), np.std(values, axis=axis)
-
-
-def iqm(values: np.ndarray, axis: int = 0) -> np.ndarray:
-    """Interquartile mean: sort, drop floor(n/4) values at each end, average the rest
-    (scipy.stats.trim_mean(values, 0.25, axis))."""
-    values = np.sort(np.asarray(values, dtype=np.float64), axis=axis)
-    n = values.shape[axis]
-    cut = int(0.25 * n)
-    return np.mean(np.take(values, np.arange(cut, n - cut), axis=axis), axis=axis)
 
 
 def bootstrap_ci(

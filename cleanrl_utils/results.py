@@ -178,6 +178,15 @@ def machine_description() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {gpu}; Python {platform.python_version()}, torch {torch.__version__}"
 
 
+def iqm(values: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Interquartile mean: sort, drop floor(n/4) values at each end, average the rest
+    (scipy.stats.trim_mean(values, 0.25, axis))."""
+    values = np.sort(np.asarray(values, dtype=np.float64), axis=axis)
+    n = values.shape[axis]
+    cut = int(0.25 * n)
+    return np.mean(np.take(values, np.arange(cut, n - cut), axis=axis), axis=axis)
+
+
 def aggregate(summaries: list[RunSummary]) -> list[dict]:
     groups: dict[tuple[str, str], list[RunSummary]] = {}
     for summary in summaries:
@@ -197,6 +206,8 @@ def aggregate(summaries: list[RunSummary]) -> list[dict]:
                 "SPS": f"{np.mean([r.sps for r in runs]):,.0f}",
             }
         )
+        if len(runs) >= 4:  # the interquartile mean drops a seed at each end from 4 seeds on
+            rows[-1]["return IQM"] = f"{iqm(scores):.2f}"
         peaks = [r.peak_memory_gb for r in runs if r.peak_memory_gb is not None]
         if peaks:
             rows[-1]["peak memory (GB)"] = f"{max(peaks):.2f}"
@@ -215,7 +226,8 @@ def markdown_table(rows: list[dict], machine: str) -> str:
     note = (
         "Return: mean of each run's last episodic returns (as many as the scored-episodes column says), "
         "then mean +- std across seeds. "
-        "Wall time: first to last TensorBoard event of a run (after start-up). SPS: steps / wall time. "
+        + ("Return IQM: the interquartile mean of the seeds' scores. " if "return IQM" in header else "")
+        + "Wall time: first to last TensorBoard event of a run (after start-up). SPS: steps / wall time. "
         "Peak memory: the largest peak resident host memory of the seeds' processes."
     )
     return "\n".join(lines) + f"\n\n{note}\n\nMachine: {machine}\n"

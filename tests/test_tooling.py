@@ -265,6 +265,21 @@ def test_plot_aggregates_match_hand_computed_numbers():
     ).tolist() == [1.5, 4.5]
 
 
+def test_results_adds_the_interquartile_mean_of_the_seeds_from_four_seeds_on(tmp_path, capsys):
+    # Five seeds scoring 1, 2, 3, 4 and 100: the IQM drops one at each end (mean of 2, 3, 4 = 3).
+    five = [
+        fake_run(tmp_path, "CartPole-v1", "dqn", seed, [(10, score)]) for seed, score in enumerate([1, 2, 3, 4, 100])
+    ]
+    three = [fake_run(tmp_path, "Acrobot-v1", "dqn", seed, [(10, -float(seed))]) for seed in (1, 2, 3)]
+    result = call_main(results.main, [*map(str, five + three), "--output", str(tmp_path / "table")], capsys)
+    assert result.returncode == 0, result.stderr
+    with open(tmp_path / "table.csv") as f:
+        rows = {row["environment"]: row for row in csv.DictReader(f)}
+    assert rows["CartPole-v1"]["return IQM"] == "3.00" and rows["CartPole-v1"]["return"] == "22.00 +- 39.01"
+    assert rows["Acrobot-v1"]["return IQM"] == ""  # three seeds: no IQM
+    assert "Return IQM: the interquartile mean" in (tmp_path / "table.md").read_text()
+
+
 def test_results_scores_an_environment_on_its_last_n_episodes(tmp_path, capsys):
     # Pendulum: 20 episodes, the first 15 of the warm-up; CartPole keeps the default window of 100.
     pendulum = [
