@@ -1,10 +1,12 @@
-"""Uniform random policy on an Atari or MinAtar game, logged like a training run, so that the pixel scripts'
-benchmark tables show the baseline measured the same way as the agents (whole-game raw scores,
+"""Uniform random policy on an Atari, MinAtar, envpool Atari or Procgen game, logged like a training run, so that
+the pixel scripts' benchmark tables show the baseline measured the same way as the agents (whole-game raw scores,
 charts/episodic_return, scored by `python -m cleanrl_utils.results` on the last 100 games).
 
     uv run python benchmark/random_policy_pixels.py --env-id MinAtar/Breakout-v1 --seed 1 --total-timesteps 1000000
+    uv run --extra envpool python benchmark/random_policy_pixels.py --env-id StarpilotEasy-v0 --num-envs 64
 
-The game is built with cleanrl_utils.envs.atari.make_envs, as every pixel script builds it.
+The game is built by the make_envs of cleanrl_utils/envs/atari.py, envpool_atari.py (envpool ids such as
+Breakout-v5) or procgen.py, as the pixel scripts build it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import tyro
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from cleanrl_utils.envs import envpool_atari, procgen  # noqa: E402
 from cleanrl_utils.envs.atari import check_env_id, make_envs  # noqa: E402
+from cleanrl_utils.envs.procgen import PROCGEN_IDS  # noqa: E402
 from cleanrl_utils.errors import check_positive  # noqa: E402
 from cleanrl_utils.run import Run  # noqa: E402
 
@@ -26,7 +30,8 @@ from cleanrl_utils.run import Run  # noqa: E402
 @dataclass
 class Args:
     env_id: str = "MinAtar/Breakout-v1"
-    """the game: an Atari id (BreakoutNoFrameskip-v4, ALE/Breakout-v5) or a MinAtar id"""
+    """the game: an Atari id (BreakoutNoFrameskip-v4, ALE/Breakout-v5), a MinAtar id, an envpool Atari id
+    (Breakout-v5) or a Procgen id (StarpilotEasy-v0)"""
     seed: int = 1
     """seed of the games and of the random actions"""
     total_timesteps: int = 1_000_000
@@ -48,10 +53,19 @@ class Args:
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_positive(total_timesteps=args.total_timesteps, num_envs=args.num_envs)
-    check_env_id(args.env_id, "cleanrl/dqn.py")
-    run = Run(args, __file__)  # seeds python, numpy and torch; makes the run directory
-    envs = make_envs(args.env_id, args.num_envs)
-    envs.reset(seed=args.seed)
+    if args.env_id in PROCGEN_IDS:
+        run = Run(args, __file__)  # seeds python, numpy and torch; makes the run directory
+        envs = procgen.make_envs(args.env_id, args.num_envs, args.seed)
+        envs.reset()
+    else:
+        envpool_id = args.env_id.endswith("-v5") and not args.env_id.startswith(("ALE/", "MinAtar/"))
+        if envpool_id:
+            envpool_atari.check_env_id(args.env_id, "use its ALE/ id", "cleanrl/dqn.py")
+        else:
+            check_env_id(args.env_id, "cleanrl/dqn.py")
+        run = Run(args, __file__)
+        envs = (envpool_atari.make_envs if envpool_id else make_envs)(args.env_id, args.num_envs)
+        envs.reset(seed=args.seed)
     rng = np.random.default_rng(args.seed)
     global_step = 0
     while global_step < args.total_timesteps:

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# ppo_procgen.py and ppg_procgen.py on StarpilotEasy-v0 at a budget a 2-core CPU can run: 196,608 steps (12 iterations
+# of CleanRL's 64 envs x 256 steps; IMPALA CNN, lr 5e-4, gamma 0.999), seeds 1-3, beside a uniformly random policy on
+# the same 64 envs. PPG's auxiliary phase runs every --n-iteration 4 iterations here (CleanRL: 32, which this budget
+# would never reach). CleanRL's 25M-step runs are benchmark/ppo_procgen.sh and ppg_procgen.sh (a GPU).
+# Each part can run on its own (the three runs of one script take hours on 2 cores):
+#     bash benchmark/procgen_cpu.sh random|ppo|ppg|table [first seed, default 1] [last seed, default 3]
+# Results: benchmark/results/procgen_cpu.md and procgen_cpu.png.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=196608
+part="$1"
+first="${2:-1}"
+seeds=$(( ${3:-3} - first + 1 ))
+run() {
+    uv run --extra envpool python -m cleanrl_utils.benchmark --env-ids StarpilotEasy-v0 --command "$1" \
+        --num-seeds "$seeds" --start-seed "$first" --workers 1 --output "/tmp/procgen_cpu_$part"
+}
+case "$part" in
+    random) run "uv run --extra envpool python benchmark/random_policy_pixels.py --num-envs 64 --total-timesteps $STEPS" ;;
+    ppo) run "uv run --extra envpool python cleanrl/ppo_procgen.py --total-timesteps $STEPS" ;;
+    ppg) run "uv run --extra envpool python cleanrl/ppg_procgen.py --total-timesteps $STEPS --n-iteration 4" ;;
+    table)
+        runs=(runs/StarpilotEasy-v0__ppo_procgen__* runs/StarpilotEasy-v0__ppg_procgen__*
+            runs/StarpilotEasy-v0__random_policy__*)
+        uv run --extra envpool python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/procgen_cpu
+        uv run --extra envpool python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/procgen_cpu.png
+        ;;
+    *) echo "usage: bash benchmark/procgen_cpu.sh random|ppo|ppg|table [first seed] [last seed]" >&2; exit 2 ;;
+esac
