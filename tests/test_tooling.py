@@ -624,3 +624,48 @@ def test_tuner_unknown_metric_stops_the_study_in_one_line(tmp_path, capsys):
 
     study = optuna.load_study(study_name="m", storage=f"sqlite:///{tmp_path / 'm.db'}")
     assert [t.state.name for t in study.trials] == ["FAIL"]  # stopped after the first trial, marked failed
+
+
+# ---------------------------------------------------------------------------- time split
+
+
+def test_time_split_attributes_main_thread_samples_to_the_parts_of_the_loop(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("time_split", ROOT / "benchmark" / "time_split.py")
+    time_split = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(time_split)
+    script = tmp_path / "toy.py"
+    script.write_text(
+        "def act(x):\n"  # 1
+        "    return x\n"  # 2
+        "for iteration in range(3):\n"  # 3
+        "    for step in range(args.num_steps):\n"  # 4
+        "        action = act(obs)\n"  # 5
+        "        obs = envs.step(action)\n"  # 6
+        "        run.log_episodes(step, obs)\n"  # 7
+        "    advantages = gae()\n"  # 8
+        "    for epoch in range(args.update_epochs):\n"  # 9
+        "        loss.backward()\n"  # 10
+        "    run.log(step, {})\n"  # 11
+    )
+    profile = "\n".join(
+        [
+            "thread (1): MainThread;<module> (toy.py:6);step (vector_env.py:80) 7",  # inside envs.step
+            "thread (1): MainThread;<module> (toy.py:5);act (toy.py:2) 3",  # the outer script line decides
+            "thread (1): MainThread;<module> (toy.py:7) 1",
+            "thread (1): MainThread;<module> (toy.py:8) 2",
+            "thread (1): MainThread;<module> (toy.py:10);backward (torch/_tensor.py:600) 20",
+            "thread (1): MainThread;<module> (importlib.py:1) 4",  # no script frame: start-up
+            "thread (2): Thread-1 (writer);run (threading.py:982) 500",  # other threads do not count
+        ]
+    )
+    counts = time_split.split(profile, script)
+    assert counts == {
+        "environment step": 7,
+        "rollout: inference and storage": 3,
+        "logging, set-up and evaluation": 5,
+        "advantages and batch": 2,
+        "update": 20,
+    }
+    assert "| update | 0.4 | 54.1% |" in time_split.table(counts, rate=50)
