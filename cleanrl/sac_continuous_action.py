@@ -104,7 +104,10 @@ LOG_STD_MIN, LOG_STD_MAX = -5, 2  # bounds of the policy's log standard deviatio
 
 
 def register_env_family(env_id: str) -> None:
-    """dm_control ids exist once shimmy is imported; import it (about a second) only when asked for."""
+    """dm_control ids exist once shimmy is imported (about a second), PointChasing-v0 once
+    cleanrl_utils.envs.point_chasing is: import them only when asked for."""
+    if env_id.startswith("PointChasing"):
+        import cleanrl_utils.envs.point_chasing  # noqa: F401  (registers PointChasing-v0 with gymnasium)
     if env_id.startswith("dm_control/"):
         # With MUJOCO_GL=egl, importing dm_control loads Mesa's libLLVM; torch loading triton's
         # own LLVM after that (the fused optimiser imports torch._dynamo) segfaults. Load torch's first.
