@@ -24,6 +24,7 @@ RUNS = {
     "ppo.py": (["--env-id", "CartPole-v1", *PPO_TINY], 192, 100),
     "dqn.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY], 300, 200),
     "c51.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY, "--n-atoms", "11"], 300, 200),
+    "d3qn.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY], 300, 200),
     "pqn.py": (["--env-id", "CartPole-v1", *PPO_TINY], 192, 100),
     "dqn_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY], 300, 200),
     "c51_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY], 300, 200),
