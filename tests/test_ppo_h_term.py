@@ -1,0 +1,165 @@
+"""ppo_continuous_action.py --h-term-lambda: ElegantRL's H-term. The episode memory (reward-to-go normalised within
+each episode, episodes assembled across rollouts, the lowest returns dropped), the term's value on a hand-built
+memory, its gradient's sign, `--h-term-lambda 0` being exactly plain PPO, exact resume with the term on, bad input."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import ppo_continuous_action as pca
+import pytest
+import torch
+from conftest import kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+
+SCRIPT = "ppo_continuous_action.py"
+# Pendulum episodes are cut at 200 steps: 2 envs x 1024 steps end 10 episodes, so the memory fills during the run.
+FLAGS = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "128", "--num-minibatches", "2"]
+FLAGS += ["--update-epochs", "2", "--total-timesteps", "2048"]
+H_ON = ["--h-term-lambda", "0.125", "--h-term-min-transitions", "256"]
+
+
+def observations(num_steps: int, num_envs: int, offset: int = 0) -> torch.Tensor:
+    """obs[t, env] = (offset + t, env): every stored row says where it came from."""
+    t, env = torch.meshgrid(torch.arange(num_steps) + offset, torch.arange(num_envs), indexing="ij")
+    return torch.stack([t, env], dim=-1).float()
+
+
+def reward_to_go_normalised(rewards: list[float], gamma: float) -> list[float]:
+    returns, future = [], 0.0
+    for reward in reversed(rewards):
+        future = reward + gamma * future
+        returns.insert(0, future)
+    low, high = min(returns), max(returns)
+    return [(g - low) / (high - low) if high > low else 0.0 for g in returns]
+
+
+def test_memory_assembles_episodes_across_rollouts_normalises_and_drops_the_lowest_returns():
+    memory = pca.EpisodeMemory(num_envs=2, gamma=0.5, drop_rate=0.5)
+    # Rollout 1 (4 steps): env 0 ends an episode (rewards 1, 4) at step 1 and starts another; env 1 ends one at step 3.
+    rewards = np.array([[1, 0], [4, 1], [3, 0], [4, 2]], dtype=np.float32)
+    dones = np.array([[0, 0], [1, 0], [0, 0], [0, 1]], dtype=np.float32)
+    obs = observations(4, 2)
+    memory.add_rollout(obs, -obs, rewards, dones)
+    # Episodes: A = env 0 steps 0-1 (return 5), B = env 1 steps 0-3 (return 3); the lower half (B) is dropped.
+    assert len(memory.episodes) == 1 and memory.size == 2
+    assert memory.obs.tolist() == [[0, 0], [1, 0]] and memory.actions.tolist() == [[0, 0], [-1, 0]]
+    assert memory.r_norm.tolist() == pytest.approx(reward_to_go_normalised([1, 4], 0.5))
+    obs.fill_(99.0)  # the next rollout overwrites the storage: the memory holds copies
+    assert memory.episodes[0][0].tolist() == [[0, 0], [1, 0]] and memory.unfinished[0][0].tolist() == [[2, 0], [3, 0]]
+    # Rollout 2: env 0's episode (3, 4 from rollout 1, then 5) ends at step 0; C has return 12 and outranks A.
+    rewards = np.array([[5, 1], [0, 1]], dtype=np.float32)
+    dones = np.array([[1, 0], [0, 0]], dtype=np.float32)
+    memory.add_rollout(observations(2, 2, offset=4), -observations(2, 2, offset=4), rewards, dones)
+    assert [episode[3] for episode in memory.episodes] == [12.0]
+    assert memory.obs.tolist() == [[2, 0], [3, 0], [4, 0]]
+    assert memory.r_norm.tolist() == pytest.approx(reward_to_go_normalised([3, 4, 5], 0.5))
+    assert memory.unfinished[0][0].tolist() == [[5, 0]]  # env 0's next episode has begun
+    assert memory.unfinished[1][2].tolist() == [1, 1]  # env 1's: two steps so far
+    # A state-dict round trip keeps the memory and the unfinished episodes.
+    copy = pca.EpisodeMemory(num_envs=2, gamma=0.5, drop_rate=0.5)
+    copy.load_state_dict(memory.state_dict())
+    assert torch.equal(copy.obs, memory.obs) and torch.equal(copy.r_norm, memory.r_norm)
+    assert torch.equal(copy.unfinished[0][0], memory.unfinished[0][0]) and copy.size == memory.size
+
+
+def hand_built_memory() -> pca.EpisodeMemory:
+    memory = pca.EpisodeMemory(num_envs=1, gamma=0.9, drop_rate=0.0)
+    memory.obs = torch.tensor([[0.5, -1.0], [0.5, -1.0], [1.0, 2.0]])
+    memory.actions = torch.tensor([[0.3], [-0.3], [1.2]])
+    memory.r_norm = torch.tensor([1.0, 0.0, 0.5])
+    return memory
+
+
+def constant_policy(mean: float, std: float) -> pca.Agent:
+    """A policy whose mean is `mean` in every state (output layer zero, bias = mean)."""
+    agent = pca.Agent(obs_dim=2, act_dim=1)
+    with torch.no_grad():
+        agent.actor_mean[-1].weight.zero_()
+        agent.actor_mean[-1].bias.fill_(mean)
+        agent.actor_logstd.fill_(math.log(std))
+    return agent
+
+
+def test_h_term_value_on_a_hand_built_memory():
+    memory, agent = hand_built_memory(), constant_policy(mean=0.1, std=0.5)
+    torch.manual_seed(3)
+    value = memory.h_term(agent, sample_rate=1.0, h_lambda=0.125)
+    torch.manual_seed(3)
+    rows = torch.randint(3, (3,)).tolist()  # the same uniform draw, with replacement
+    density = [math.exp(-0.5 * ((a - 0.1) / 0.5) ** 2) / (0.5 * math.sqrt(2 * math.pi)) for a in (0.3, -0.3, 1.2)]
+    expected = -0.125 * np.mean([density[i] * [1.0, 0.0, 0.5][i] for i in rows])
+    assert value.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_h_term_gradient_raises_the_density_of_high_return_actions():
+    memory, agent = hand_built_memory(), constant_policy(mean=0.0, std=0.5)
+    memory.obs, memory.actions, memory.r_norm = memory.obs[:2], memory.actions[:2], memory.r_norm[:2]
+    obs = memory.obs[:1]
+    before = {a: agent.log_prob(obs, torch.tensor([[a]])).item() for a in (0.3, -0.3)}
+    optimizer = torch.optim.SGD(agent.parameters(), lr=0.05)
+    for _ in range(5):
+        optimizer.zero_grad()
+        memory.h_term(agent, sample_rate=1.0, h_lambda=1.0).backward()
+        optimizer.step()
+    after = {a: agent.log_prob(obs, torch.tensor([[a]])).item() for a in (0.3, -0.3)}
+    assert after[0.3] > before[0.3]  # the action of reward-to-go 1 got likelier
+    assert after[-0.3] < before[-0.3]  # the one of reward-to-go 0 less so
+
+
+def curves(run_dir: Path) -> dict:
+    scalars = read_scalars(run_dir)
+    return {key: values for key, values in scalars.items() if key not in ("charts/SPS", "perf/peak_memory_gb")}
+
+
+def test_lambda_zero_is_exactly_plain_ppo_and_the_term_alone_changes_the_run(tmp_path):
+    for name in ("plain", "idle", "on"):
+        (tmp_path / name).mkdir()
+    plain = run_script(SCRIPT, *FLAGS, cwd=tmp_path / "plain")
+    # The memory kept but the term never reached: the bookkeeping alone must not change a single number.
+    idle_flags = ["--h-term-lambda", "0.125", "--h-term-min-transitions", "99999"]
+    idle = run_script(SCRIPT, *FLAGS, *idle_flags, cwd=tmp_path / "idle")
+    on = run_script(SCRIPT, *FLAGS, *H_ON, cwd=tmp_path / "on")
+    for result in (plain, idle, on):
+        assert result.returncode == 0, result.stderr
+    (plain_dir,), (idle_dir,), (on_dir,) = (run_dirs(tmp_path / name) for name in ("plain", "idle", "on"))
+    assert curves(idle_dir) == curves(plain_dir)
+    on_curves = curves(on_dir)
+    assert "losses/h_term" not in curves(plain_dir)
+    h_terms = [value for _, value in on_curves["losses/h_term"]]
+    assert h_terms and all(math.isfinite(v) and v < 0 for v in h_terms)  # -lambda * mean(density * R_norm)
+    assert min(value for _, value in on_curves["charts/h_term_transitions"]) >= 256
+    assert on_curves["losses/policy_loss"] != curves(plain_dir)["losses/policy_loss"]
+
+
+def test_sigkill_then_resume_with_the_h_term_reproduces_the_uninterrupted_run(tmp_path):
+    flags = [*FLAGS, *H_ON, "--checkpoint-every", "512"]
+    (tmp_path / "straight").mkdir()
+    straight = run_script(SCRIPT, *flags, cwd=tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+    (straight_dir,) = run_dirs(tmp_path / "straight")
+    (tmp_path / "killed").mkdir()
+    run_dir = kill_at_first_checkpoint(SCRIPT, flags, tmp_path / "killed")
+    resumed = run_script(SCRIPT, *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path / "killed")
+    assert resumed.returncode == 0, resumed.stderr
+    assert curves(run_dir) == curves(straight_dir)
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--h-term-lambda", "-0.1"], "--h-term-lambda must be >= 0"),
+        (["--h-term-drop-rate", "1"], "--h-term-drop-rate in [0, 1)"),
+        (["--h-term-sample-rate", "0"], "--h-term-sample-rate in (0, 1]"),
+        (["--h-term-min-transitions", "0"], "--h-term-min-transitions must be positive"),
+    ],
+)
+def test_bad_h_term_flags_fail_in_one_line(capsys, flags, fragment):
+    import tyro
+
+    with pytest.raises(SystemExit) as exit_info:
+        pca.validate(tyro.cli(pca.Args, args=["--env-id", "Pendulum-v1", *flags]))
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], lines
