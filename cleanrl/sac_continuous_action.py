@@ -105,9 +105,15 @@ LOG_STD_MIN, LOG_STD_MAX = -5, 2  # bounds of the policy's log standard deviatio
 
 def register_env_family(env_id: str) -> None:
     """dm_control ids exist once shimmy is imported (about a second), PointChasing-v0 once
-    cleanrl_utils.envs.point_chasing is: import them only when asked for."""
+    cleanrl_utils.envs.point_chasing is, the PyBullet ids once pybullet_envs_gymnasium is: import them only when
+    asked for."""
     if env_id.startswith("PointChasing"):
         import cleanrl_utils.envs.point_chasing  # noqa: F401  (registers PointChasing-v0 with gymnasium)
+    if env_id.endswith("BulletEnv-v0"):
+        try:
+            import pybullet_envs_gymnasium  # noqa: F401
+        except ImportError:
+            fail(f"{env_id} needs pybullet: install the pybullet extra (uv sync --extra pybullet; Python <= 3.11)")
     if env_id.startswith("dm_control/"):
         # With MUJOCO_GL=egl, importing dm_control loads Mesa's libLLVM; torch loading triton's
         # own LLVM after that (the fused optimiser imports torch._dynamo) segfaults. Load torch's first.

@@ -111,11 +111,13 @@ def _set_mujoco_state(env, saved) -> None:
 def snapshot_envs(envs, next_obs=None) -> dict | None:
     """Capture a gymnasium vector env with its simulator state and the observation the policy
     acts on next, or return None where it cannot be captured (a video recorder, a simulator
-    handle that does not pickle).
+    handle that does not pickle, PyBullet).
 
     Wrappers (time limits, episode statistics, autoreset flags) and classic-control simulators
     are pickled whole; MuJoCo simulators are saved with mj_getState. The env factories are left
     out: they are closures, and the resumed run already has its own."""
+    if any(type(env.unwrapped).__module__.startswith("pybullet_envs") for env in _sub_envs(envs)):
+        return None  # PyBullet envs pickle as their constructor arguments, a fresh simulator without its state
     base = envs.unwrapped
     env_fns = getattr(base, "env_fns", None)
     try:
