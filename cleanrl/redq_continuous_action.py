@@ -10,7 +10,7 @@ targets (tau 0.005), 5000 random steps, learning rates 3e-4, batch 256.
 Action space: a bounded 1-D Box. Observations: a Box or a Dict of Boxes (flattened). Environments:
 vectorised gymnasium: MuJoCo (Hopper-v5 ...), dm_control via shimmy, Pendulum-v1. A truncation
 bootstraps from the true final observation, only a termination cuts the target. The critics' draws
-use torch's RNG, saved in every checkpoint: resuming on the CPU is exact (dm_control and video runs
+use torch's RNG, saved in every checkpoint: resuming on the CPU is exact (dm_control, PyBullet and video runs
 get fresh environments). Twenty steps of ten critics per environment step cost about 50x the compute of SAC's.
 
     uv run python cleanrl/redq_continuous_action.py --env-id Hopper-v5
@@ -107,7 +107,16 @@ LOG_STD_MIN, LOG_STD_MAX = -5, 2  # bounds of the policy's log standard deviatio
 
 
 def register_env_family(env_id: str) -> None:
-    """dm_control ids exist once shimmy is imported; import it (about a second) only when asked for."""
+    """dm_control ids exist once shimmy is imported (about a second), PointChasing-v0 once
+    cleanrl_utils.envs.point_chasing is, the PyBullet ids once pybullet_envs_gymnasium is: import them only when
+    asked for."""
+    if env_id.startswith("PointChasing"):
+        import cleanrl_utils.envs.point_chasing  # noqa: F401  (registers PointChasing-v0 with gymnasium)
+    if env_id.endswith("BulletEnv-v0"):
+        try:
+            import pybullet_envs_gymnasium  # noqa: F401
+        except ImportError:
+            fail(f"{env_id} needs pybullet: install the pybullet extra (uv sync --extra pybullet; Python <= 3.11)")
     if env_id.startswith("dm_control/"):
         # With MUJOCO_GL=egl, importing dm_control loads Mesa's libLLVM; torch loading triton's
         # own LLVM after that (the fused optimiser imports torch._dynamo) segfaults. Load torch's first.

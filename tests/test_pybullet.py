@@ -12,11 +12,12 @@ pytest.importorskip("pybullet_envs_gymnasium")
 
 import ddpg_continuous_action  # noqa: E402
 import ppo_continuous_action  # noqa: E402
+import redq_continuous_action as redq  # noqa: E402
 import sac_continuous_action  # noqa: E402
 import td3_continuous_action  # noqa: E402
 
 IDS = ["HopperBulletEnv-v0", "HalfCheetahBulletEnv-v0", "AntBulletEnv-v0", "Walker2DBulletEnv-v0"]
-SCRIPTS = [ppo_continuous_action, sac_continuous_action, td3_continuous_action, ddpg_continuous_action]
+SCRIPTS = [ppo_continuous_action, sac_continuous_action, td3_continuous_action, ddpg_continuous_action, redq]
 TINY = ["--num-steps", "256", "--num-minibatches", "4", "--update-epochs", "1", "--torch-threads", "1"]
 
 

@@ -50,6 +50,7 @@ RUNS = {
     "sac_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
     "td3_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
     "ddpg_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
+    "redq_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY, "--utd-ratio", "2"], 300, 200),
     "ppo_isaacgym.py": (
         [
             "--env-id",
