@@ -6,4 +6,5 @@ single-agent scripts). Nothing here changes what an agent learns.
 - `atari`: ALE (ale-py's C++ vector env) and MinAtar games as whole games of uint8 frames, NEXT_STEP autoreset.
 - `envpool_atari`: envpool's Atari games with the same interface.
 - `procgen`: envpool's Procgen games.
+- `point_chasing`: ElegantRL's PointChasing-v0, a NumPy env and a torch-batched vector env on the training device.
 """
