@@ -14,9 +14,9 @@ import torch
 from conftest import kill_at_first_checkpoint, read_scalars, run_dirs, run_script
 
 SCRIPT = "ppo_continuous_action.py"
-# Pendulum episodes are cut at 200 steps: 2 envs x 1024 steps end 10 episodes, so the memory fills during the run.
+# Pendulum episodes are cut at 200 steps: 2 envs x 512 steps end 4 episodes, so the memory fills during the run.
 FLAGS = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "128", "--num-minibatches", "2"]
-FLAGS += ["--update-epochs", "2", "--total-timesteps", "2048"]
+FLAGS += ["--update-epochs", "2", "--total-timesteps", "1024"]
 H_ON = ["--h-term-lambda", "0.125", "--h-term-min-transitions", "256"]
 
 
@@ -134,7 +134,7 @@ def test_lambda_zero_is_exactly_plain_ppo_and_the_term_alone_changes_the_run(tmp
 
 
 def test_sigkill_then_resume_with_the_h_term_reproduces_the_uninterrupted_run(tmp_path):
-    flags = [*FLAGS, *H_ON, "--checkpoint-every", "512"]
+    flags = [*FLAGS, *H_ON, "--checkpoint-every", "512"]  # at 512 the memory holds episodes and the term is on
     (tmp_path / "straight").mkdir()
     straight = run_script(SCRIPT, *flags, cwd=tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr
