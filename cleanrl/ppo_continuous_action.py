@@ -72,6 +72,8 @@ class Args:
     """the id of the environment"""
     total_timesteps: int = 1000000
     """total timesteps of the experiment"""
+    env_options: str = "{}"
+    """StockTrading-v0's options as a JSON object, e.g. '{"tickers": ["AAPL", "MSFT"], "test_start": "2021-01-01"}'"""
 
     # Algorithm specific arguments
     learning_rate: float = 3e-4
@@ -128,12 +130,19 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
 
-def register_env_family(env_id: str) -> None:
+def register_env_family(env_id: str, env_options: str | None = None) -> None:
     """dm_control ids exist once shimmy is imported (about a second), PointChasing-v0 once
-    cleanrl_utils.envs.point_chasing is, the PyBullet ids once pybullet_envs_gymnasium is: import them only when
-    asked for."""
+    cleanrl_utils.envs.point_chasing is, the PyBullet ids once pybullet_envs_gymnasium is, StockTrading-v0 once
+    cleanrl_utils.envs.stock_trading is: import them only when asked for. `env_options` (--env-options, JSON)
+    become StockTrading's registered keyword arguments; None keeps those registered."""
     if env_id.startswith("PointChasing"):
         import cleanrl_utils.envs.point_chasing  # noqa: F401  (registers PointChasing-v0 with gymnasium)
+    if env_id.startswith("StockTrading"):
+        import cleanrl_utils.envs.stock_trading as stock_trading  # registers StockTrading-v0 with gymnasium
+
+        stock_trading.configure(env_id, env_options)  # checks the options (one line and exit 2 if bad)
+    elif env_options not in (None, "{}"):
+        fail(f"--env-options is for the StockTrading ids; {env_id} takes none")
     if env_id.endswith("BulletEnv-v0"):
         try:
             import pybullet_envs_gymnasium  # noqa: F401
@@ -184,7 +193,7 @@ def validate(args: Args) -> None:
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations == 0:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch of {args.batch_size} steps")
-    register_env_family(args.env_id)
+    register_env_family(args.env_id, args.env_options)
     check_env_id(args.env_id)
     try:
         probe = gym.make(args.env_id)
@@ -479,6 +488,7 @@ def evaluate(
     """Reload a model saved by this script and return the episodic returns of its mean action, on
     observations normalised with the saved statistics, which stay frozen."""
     model = load_model(model_path, __file__)
+    register_env_family(model["env_id"], model["args"].get("env_options"))  # the environment options it trained on
     envs = make_envs(model["env_id"], 1, capture_video, video_dir)
     agent = Agent(model["obs_dim"], model["act_dim"]).to(device)
     agent.load_state_dict(model["agent"])

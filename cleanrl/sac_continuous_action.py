@@ -67,6 +67,8 @@ class Args:
     """the id of the environment"""
     total_timesteps: int = 1000000
     """total timesteps of the experiment"""
+    env_options: str = "{}"
+    """StockTrading-v0's options as a JSON object, e.g. '{"tickers": ["AAPL", "MSFT"], "test_start": "2021-01-01"}'"""
 
     # Algorithm specific arguments
     num_envs: int = 1
@@ -103,12 +105,19 @@ LOG_EVERY = 100  # losses, alpha and SPS are read back from the device and logge
 LOG_STD_MIN, LOG_STD_MAX = -5, 2  # bounds of the policy's log standard deviation (its output is squashed into them)
 
 
-def register_env_family(env_id: str) -> None:
+def register_env_family(env_id: str, env_options: str | None = None) -> None:
     """dm_control ids exist once shimmy is imported (about a second), PointChasing-v0 once
-    cleanrl_utils.envs.point_chasing is, the PyBullet ids once pybullet_envs_gymnasium is: import them only when
-    asked for."""
+    cleanrl_utils.envs.point_chasing is, the PyBullet ids once pybullet_envs_gymnasium is, StockTrading-v0 once
+    cleanrl_utils.envs.stock_trading is: import them only when asked for. `env_options` (--env-options, JSON)
+    become StockTrading's registered keyword arguments; None keeps those registered."""
     if env_id.startswith("PointChasing"):
         import cleanrl_utils.envs.point_chasing  # noqa: F401  (registers PointChasing-v0 with gymnasium)
+    if env_id.startswith("StockTrading"):
+        import cleanrl_utils.envs.stock_trading as stock_trading  # registers StockTrading-v0 with gymnasium
+
+        stock_trading.configure(env_id, env_options)  # checks the options (one line and exit 2 if bad)
+    elif env_options not in (None, "{}"):
+        fail(f"--env-options is for the StockTrading ids; {env_id} takes none")
     if env_id.endswith("BulletEnv-v0"):
         try:
             import pybullet_envs_gymnasium  # noqa: F401
@@ -140,7 +149,7 @@ def validate(args: Args) -> None:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; lower the batch")
     if args.num_envs > args.buffer_size:
         fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: a step overwrites itself")
-    register_env_family(args.env_id)
+    register_env_family(args.env_id, args.env_options)
     check_env_id(args.env_id)
     try:
         probe = gym.make(args.env_id)
@@ -345,6 +354,7 @@ class ReplayBuffer:
 def evaluate(model_path, eval_episodes: int, device, seed=0, capture_video=False, video_dir=None) -> list[float]:
     """Reload a model saved by this script; the episodic returns of its deterministic policy (the mean action)."""
     model = load_model(model_path, __file__)
+    register_env_family(model["env_id"], model["args"].get("env_options"))  # the environment options it trained on
     envs = make_envs(model["env_id"], 1, capture_video, video_dir)
     actor = Actor(model["obs_dim"], envs.single_action_space.low, envs.single_action_space.high).to(device)
     actor.load_state_dict(model["actor"])

@@ -66,6 +66,8 @@ class Args:
     """the id of the environment"""
     total_timesteps: int = 1000000
     """total timesteps of the experiment"""
+    env_options: str = "{}"
+    """StockTrading-v0's options as a JSON object, e.g. '{"tickers": ["AAPL", "MSFT"], "test_start": "2021-01-01"}'"""
 
     # Algorithm specific arguments
     learning_rate: float = 3e-4
@@ -99,12 +101,19 @@ class Args:
 LOG_EVERY = 100  # losses, Q-values and SPS are read back from the device and logged every this many steps
 
 
-def register_env_family(env_id: str) -> None:
+def register_env_family(env_id: str, env_options: str | None = None) -> None:
     """dm_control ids exist once shimmy is imported (about a second), PointChasing-v0 once
-    cleanrl_utils.envs.point_chasing is, the PyBullet ids once pybullet_envs_gymnasium is: import them only when
-    asked for."""
+    cleanrl_utils.envs.point_chasing is, the PyBullet ids once pybullet_envs_gymnasium is, StockTrading-v0 once
+    cleanrl_utils.envs.stock_trading is: import them only when asked for. `env_options` (--env-options, JSON)
+    become StockTrading's registered keyword arguments; None keeps those registered."""
     if env_id.startswith("PointChasing"):
         import cleanrl_utils.envs.point_chasing  # noqa: F401  (registers PointChasing-v0 with gymnasium)
+    if env_id.startswith("StockTrading"):
+        import cleanrl_utils.envs.stock_trading as stock_trading  # registers StockTrading-v0 with gymnasium
+
+        stock_trading.configure(env_id, env_options)  # checks the options (one line and exit 2 if bad)
+    elif env_options not in (None, "{}"):
+        fail(f"--env-options is for the StockTrading ids; {env_id} takes none")
     if env_id.endswith("BulletEnv-v0"):
         try:
             import pybullet_envs_gymnasium  # noqa: F401
@@ -137,7 +146,7 @@ def validate(args: Args) -> None:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; lower the batch")
     if args.num_envs > args.buffer_size:
         fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: a step overwrites itself")
-    register_env_family(args.env_id)
+    register_env_family(args.env_id, args.env_options)
     check_env_id(args.env_id)
     try:
         probe = gym.make(args.env_id)
@@ -323,6 +332,7 @@ def td_target(rewards: torch.Tensor, next_q: torch.Tensor, terminations: torch.T
 def evaluate(model_path, eval_episodes: int, device, seed=0, capture_video=False, video_dir=None) -> list[float]:
     """Reload a model saved by this script; the episodic returns of its deterministic actor (no noise)."""
     model = load_model(model_path, __file__)
+    register_env_family(model["env_id"], model["args"].get("env_options"))  # the environment options it trained on
     envs = make_envs(model["env_id"], 1, capture_video, video_dir)
     zeros = torch.zeros(model["action_dim"])
     actor = Actor(model["obs_dim"], zeros, zeros).to(device)
