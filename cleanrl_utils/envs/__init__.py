@@ -7,4 +7,5 @@ single-agent scripts). Nothing here changes what an agent learns.
 - `envpool_atari`: envpool's Atari games with the same interface.
 - `procgen`: envpool's Procgen games.
 - `point_chasing`: ElegantRL's PointChasing-v0, a NumPy env and a torch-batched vector env on the training device.
+- `stock_trading`, `stock_data`: FinRL's StockTrading-v0 (single and torch-batched) and its prices and indicators.
 """
