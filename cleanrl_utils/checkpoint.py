@@ -2,17 +2,35 @@
 
 A checkpoint holds everything a run needs to continue: the script's own state (networks,
 optimiser, counters, buffers) plus the arguments, the random number generators and, where
-the simulator can be pickled, the environments. Files are written atomically (temporary file,
+the simulator allows it, the environments. Files are written atomically (temporary file,
 fsync, rename), so a crash mid-write never leaves a torn checkpoint.
+
+What a resumed CPU run gets, per environment family (tests/test_resume_families.py):
+- classic control, PointChasing-v0 (single and batched), MinAtar: pickled whole; exact.
+- gymnasium MuJoCo v5 (all eleven tasks): mjSTATE_INTEGRATION plus xpos and xipos, which mj_step
+  leaves one substep behind and Ant's and Humanoid's rewards read before stepping (LAGGING_ARRAYS),
+  about 1-2.5 kB an environment instead of 0.2-0.8 MB for a pickled MjData; exact.
+- dm_control suite tasks (through shimmy): the integration state and the model arrays that a task may
+  change at a reset (targets, terrain), 30-280 kB, instead of 12-74 MB with the textures and meshes;
+  the task's random state and step count are pickled with it; exact.
+- MuJoCo Warp (cleanrl/ppo_isaacgym.py) saves its own state_dict (simulator state, the position the
+  next forward reward starts from, counters, reset generator); exact on the CPU.
+- Freshly reset environments, said in one line at the resume, where the state cannot be saved: video
+  recording (RecordVideo holds a lambda trigger and the frames of the video being recorded), PyBullet
+  (its envs pickle as constructor arguments, a new simulator; its state lives in the physics server),
+  dm_control composer tasks (locomotion, manipulation: their physics is recompiled from the MJCF scene
+  at every reset), ALE's vector env, envpool and Isaac Gym (native handles without a state interface).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import pickle
 import random
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -81,41 +99,117 @@ def _sub_envs(envs) -> list:
     return list(getattr(envs.unwrapped, "envs", []))
 
 
-def _mujoco_state(env):
-    """The integration state and random generator of a gymnasium MuJoCo env, else None.
+# mj_step leaves the position-dependent arrays at the start of its last substep; these two are read before a step by
+# the v5 rewards (Ant's torso xpos, Humanoid's centre of mass from xipos), so they are saved as they are, not
+# recomputed from qpos. Every other array a task reads is recomputed by the step before it is read.
+LAGGING_ARRAYS = ("xpos", "xipos")
+# dm_control tasks change their model at a reset (target positions, sizes, colours, damping, terrain); a snapshot
+# holds every model array but the asset data, which no task changes (textures alone are ~12 MB per environment).
+ASSET_PREFIXES = ("tex_", "mesh_", "bvh_", "skin_", "oct_", "names", "paths")
 
-    gymnasium's MuJoCo envs pickle as their constructor arguments (a fresh simulator at time
-    0), so their physics is saved with mj_getState and put back with mj_setState."""
+
+def _simulator(env):
+    """The object in a sub-env that holds a MuJoCo simulation: a gymnasium MujocoEnv, or the Physics of a dm_control
+    suite task (shimmy's DmControlCompatibilityV0 holds the dm_control env in `_env`); None for other envs.
+    Raises TypeError for a dm_control composer task (locomotion, manipulation), whose physics is recompiled at
+    every reset from its MJCF scene, so that it cannot be put back into a freshly made one."""
     base = env.unwrapped
-    model, data = getattr(base, "model", None), getattr(base, "data", None)
-    if model is None or data is None or not type(model).__module__.startswith("mujoco"):
-        return None
+    model = getattr(base, "model", None)
+    if model is not None and type(model).__module__.startswith("mujoco") and hasattr(base, "data"):
+        return base
+    inner = getattr(base, "_env", None)
+    if type(inner).__module__.startswith("dm_control"):
+        from dm_control.rl import control
+
+        if not isinstance(inner, control.Environment):
+            raise TypeError(f"{type(inner).__name__}: a dm_control composer environment")
+        return inner.physics
+    return None
+
+
+def _integration_state(model, data) -> np.ndarray:
     import mujoco
 
     spec = mujoco.mjtState.mjSTATE_INTEGRATION
     state = np.empty(mujoco.mj_stateSize(model, spec), dtype=np.float64)
     mujoco.mj_getState(model, data, state, spec)
-    return state, base.np_random.bit_generator.state
+    return state
 
 
-def _set_mujoco_state(env, saved) -> None:
+def _save_simulator(simulator) -> dict:
+    """A simulator's state: mjSTATE_INTEGRATION (everything mj_step reads: qpos, qvel, act, warm start, controls,
+    applied forces, time ...) plus, for gymnasium, the lagging arrays and the env's random generator, for
+    dm_control, the model arrays (the task's random state is pickled with the task)."""
+    if hasattr(simulator, "np_random"):  # gymnasium's MujocoEnv
+        model, data = simulator.model, simulator.data
+        lagging = {name: getattr(data, name).copy() for name in LAGGING_ARRAYS}
+        return {
+            "integration": _integration_state(model, data),
+            **lagging,
+            "rng": simulator.np_random.bit_generator.state,
+        }
+    model, data = simulator.model.ptr, simulator.data.ptr  # dm_control's Physics
+    arrays = {}
+    for name in dir(model):
+        value = getattr(model, name)
+        if isinstance(value, np.ndarray) and not name.startswith(("_", *ASSET_PREFIXES)):
+            arrays[name] = value.copy()
+    return {"integration": _integration_state(model, data), "model": arrays}
+
+
+def _load_simulator(simulator, state: dict) -> None:
     import mujoco
 
-    base = env.unwrapped
-    state, rng_state = saved
-    mujoco.mj_setState(base.model, base.data, state, mujoco.mjtState.mjSTATE_INTEGRATION)
-    mujoco.mj_forward(base.model, base.data)
-    base.np_random.bit_generator.state = rng_state
+    gymnasium_env = hasattr(simulator, "np_random")
+    model, data = (simulator.model, simulator.data) if gymnasium_env else (simulator.model.ptr, simulator.data.ptr)
+    for name, value in state.get("model", {}).items():
+        np.copyto(getattr(model, name), value)
+    mujoco.mj_setState(model, data, state["integration"], mujoco.mjtState.mjSTATE_INTEGRATION)
+    mujoco.mj_forward(model, data)
+    for name in LAGGING_ARRAYS if gymnasium_env else ():
+        np.copyto(getattr(data, name), state[name])
+    if gymnasium_env:
+        simulator.np_random.bit_generator.state = state["rng"]
+
+
+class _EnvPickler(pickle.Pickler):
+    """Pickles a vector env with its simulators replaced by references (their state is saved apart, small), and
+    gymnasium's FlattenObservation, whose flattening function is a lambda, rebuilt from the env it wraps (it holds
+    no other state)."""
+
+    def __init__(self, file, simulators: list):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.simulator_index = {id(simulator): i for i, simulator in enumerate(simulators) if simulator is not None}
+
+    def persistent_id(self, obj):
+        return self.simulator_index.get(id(obj))
+
+    def reducer_override(self, obj):
+        wrappers = sys.modules.get("gymnasium.wrappers")
+        if wrappers is not None and type(obj) is wrappers.FlattenObservation:
+            return wrappers.FlattenObservation, (obj.env,)
+        return NotImplemented
+
+
+class _EnvUnpickler(pickle.Unpickler):
+    def __init__(self, file, simulators: list):
+        super().__init__(file)
+        self.simulators = simulators
+
+    def persistent_load(self, index):
+        return self.simulators[index]
 
 
 def snapshot_envs(envs, next_obs=None) -> dict | None:
     """Capture a gymnasium vector env with its simulator state and the observation the policy
     acts on next, or return None where it cannot be captured (a video recorder, a simulator
-    handle that does not pickle, PyBullet).
+    handle that does not pickle, PyBullet, a dm_control composer task).
 
-    Wrappers (time limits, episode statistics, autoreset flags) and classic-control simulators
-    are pickled whole; MuJoCo simulators are saved with mj_getState. The env factories are left
-    out: they are closures, and the resumed run already has its own."""
+    Wrappers (time limits, episode statistics, autoreset flags), the dm_control task (its random
+    state, its episode step count) and classic-control simulators are pickled whole; a MuJoCo
+    simulator (gymnasium's or dm_control's) is left out of the pickle and saved as its state
+    (_save_simulator), to be put back into the freshly made envs' simulator. The env factories
+    are left out too: they are closures, and the resumed run already has its own."""
     if any(type(env.unwrapped).__module__.startswith("pybullet_envs") for env in _sub_envs(envs)):
         return None  # PyBullet envs pickle as their constructor arguments, a fresh simulator without its state
     base = envs.unwrapped
@@ -123,32 +217,41 @@ def snapshot_envs(envs, next_obs=None) -> dict | None:
     try:
         if env_fns is not None:
             base.env_fns = None
-        pickled = pickle.dumps(envs)
-        mujoco_states = [_mujoco_state(env) for env in _sub_envs(envs)]
+        simulators = [_simulator(env) for env in _sub_envs(envs)]
+        buffer = io.BytesIO()
+        _EnvPickler(buffer, simulators).dump(envs)
     except (pickle.PicklingError, TypeError, AttributeError, ValueError):
         return None
     finally:
         if env_fns is not None:
             base.env_fns = env_fns
+    states = [None if simulator is None else _save_simulator(simulator) for simulator in simulators]
     if isinstance(next_obs, torch.Tensor):
         next_obs = next_obs.cpu()
-    return {"pickle": pickled, "mujoco": mujoco_states, "next_obs": next_obs}
+    return {"pickle": buffer.getvalue(), "simulators": states, "next_obs": next_obs}
 
 
 def restore_envs(envs, snapshot: dict | None, next_obs=None):
     """(envs, next_obs) as at checkpoint time, replacing the freshly made `envs`; where the
     snapshot is None (the environments could not be saved), say so and keep `envs` and their
-    fresh `next_obs`."""
+    fresh `next_obs`. The fresh envs' simulators are set to the saved state and reused."""
     if snapshot is None:
         print("the environments could not be saved with the checkpoint: resuming with freshly reset ones", flush=True)
         return envs, next_obs
-    restored = pickle.loads(snapshot["pickle"])
-    for env, saved in zip(_sub_envs(restored), snapshot["mujoco"]):
-        if saved is not None:
-            _set_mujoco_state(env, saved)
+    if "simulators" not in snapshot:  # written before the MuJoCo state held the lagging arrays
+        fail(
+            "--resume: the checkpoint's environments were saved in an older format that this version does not read; "
+            "use the version of cleanrl that wrote it, or start a new run"
+        )
+    simulators = [_simulator(env) for env in _sub_envs(envs)]
+    for simulator, state in zip(simulators, snapshot["simulators"]):
+        if state is not None:
+            _load_simulator(simulator, state)
+    restored = _EnvUnpickler(io.BytesIO(snapshot["pickle"]), simulators).load()
     if hasattr(envs.unwrapped, "env_fns"):
         restored.unwrapped.env_fns = envs.unwrapped.env_fns
-    envs.close()
+    if not any(state is not None for state in snapshot["simulators"]):
+        envs.close()  # else dropped unclosed: closing would free the simulators that the restored envs now use
     saved_obs = snapshot["next_obs"]
     if isinstance(next_obs, torch.Tensor) and isinstance(saved_obs, torch.Tensor):
         saved_obs = saved_obs.to(next_obs.device)
@@ -177,6 +280,15 @@ def _read(path: str | os.PathLike, flag: str, expected_format: str, what: str) -
         payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:
         fail(f"{flag} {path}: not a readable {what} ({type(error).__name__})")
+    version = payload.get("format") if isinstance(payload, dict) else None
+    family, current = expected_format.rsplit("-v", 1)
+    if isinstance(version, str) and version.startswith(family + "-v") and version != expected_format:
+        number = version.rsplit("-v", 1)[1]
+        relation = "older than" if number.isdigit() and int(number) < int(current) else "not"
+        fail(
+            f"{flag} {path}: written in {what} format {version}, {relation} this version's {expected_format}; "
+            "use the version of cleanrl that wrote it, or start a new run"
+        )
     if not isinstance(payload, dict) or payload.get("format") != expected_format:
         other = "saved model" if expected_format == CHECKPOINT_FORMAT else "checkpoint"
         if isinstance(payload, dict) and payload.get("format") in (CHECKPOINT_FORMAT, MODEL_FORMAT):
