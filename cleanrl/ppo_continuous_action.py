@@ -6,8 +6,8 @@ continuous-control details of Huang et al. 2022, "The 37 Implementation Details 
 value loss, advantage normalisation, learning-rate annealing, gradient clipping, observations normalised by running
 statistics and rewards by the running std of the discounted return (both saved with the model), actions clipped to
 the bounds only on the way to the environment. Time-limit truncations are bootstrapped with the true final
-observation. MuJoCo and classic-control environments are saved in checkpoints (a resumed CPU run is exact);
-dm_control and PyBullet ones cannot be: such a resumed run continues with freshly reset environments and says so.
+observation. MuJoCo, dm_control suite and classic-control environments are saved in checkpoints (a resumed CPU run
+is exact); PyBullet and dm_control composer ones cannot be: such a run resumes with freshly reset environments.
 `--h-term-lambda` adds ElegantRL's Hamiltonian term to the loss (ElegantRL 2022, AgentPPO_H.get_obj_h_term; off at 0):
     H = -lambda * mean_i[ pi(a_i | s_i) * R_norm_i ],
 pi the joint action density (the product over action dimensions), (s_i, a_i) a uniform sample (--h-term-sample-rate)

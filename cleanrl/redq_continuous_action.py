@@ -10,7 +10,7 @@ targets (tau 0.005), 5000 random steps, learning rates 3e-4, batch 256.
 Action space: a bounded 1-D Box. Observations: a Box or a Dict of Boxes (flattened). Environments:
 vectorised gymnasium: MuJoCo (Hopper-v5 ...), dm_control via shimmy, Pendulum-v1. A truncation
 bootstraps from the true final observation, only a termination cuts the target. The critics' draws
-use torch's RNG, saved in every checkpoint: resuming on the CPU is exact (dm_control, PyBullet and video runs
+use torch's RNG, saved in every checkpoint: resuming on the CPU is exact (PyBullet, dm_control composer and video runs
 get fresh environments). Twenty steps of ten critics per environment step cost about 50x the compute of SAC's.
 
     uv run python cleanrl/redq_continuous_action.py --env-id Hopper-v5

@@ -9,7 +9,7 @@ reuses the policy step's log-probabilities (as SB3 and Spinning Up do).
 Action space: a bounded 1-D Box. Observations: a Box or a Dict of Boxes (flattened). Environments:
 vectorised gymnasium: MuJoCo (Hopper-v5 ...), dm_control via shimmy, Pendulum-v1. One gradient step
 per environment step; a truncation bootstraps from the true final observation, only a termination
-cuts the target. Resuming on the CPU is exact (dm_control, PyBullet and video runs get fresh environments).
+cuts the target. Resuming on the CPU is exact (PyBullet, dm_control composer and video runs get fresh environments).
 
     uv run python cleanrl/sac_continuous_action.py --env-id Hopper-v5
 

@@ -9,7 +9,7 @@ every `policy_frequency` critic updates (delayed updates).
 Action space: a 1-D Box with finite bounds. Observations: a Box or a Dict of Boxes (flattened).
 Environments: vectorised gymnasium: MuJoCo (Hopper-v5, HalfCheetah-v5 ...), dm_control via shimmy,
 Pendulum-v1. One gradient step per environment step; a truncation bootstraps from the true final
-observation, only a termination cuts the target. Resuming on the CPU is exact (dm_control, PyBullet and video
+observation, only a termination cuts the target. Resuming on the CPU is exact (PyBullet, dm_control composer and video
 runs get fresh environments).
 
     uv run python cleanrl/td3_continuous_action.py --env-id Pendulum-v1 --total-timesteps 20000 --learning-starts 1000
