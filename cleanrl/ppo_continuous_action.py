@@ -8,12 +8,7 @@ statistics and rewards by the running std of the discounted return (both saved w
 the bounds only on the way to the environment. Time-limit truncations are bootstrapped with the true final
 observation. MuJoCo, dm_control suite and classic-control environments are saved in checkpoints (a resumed CPU run
 is exact); PyBullet and dm_control composer ones cannot be: such a run resumes with freshly reset environments.
-`--h-term-lambda` adds ElegantRL's Hamiltonian term to the loss (ElegantRL 2022, AgentPPO_H.get_obj_h_term; off at 0):
-    H = -lambda * mean_i[ pi(a_i | s_i) * R_norm_i ],
-pi the joint action density (the product over action dimensions), (s_i, a_i) a uniform sample (--h-term-sample-rate)
-of the transitions of stored whole episodes, R_norm_i the discounted reward-to-go of raw rewards min-max normalised to
-[0, 1] within its episode; after each rollout the lowest-return --h-term-drop-rate of the episodes is dropped, and
-the term waits until --h-term-min-transitions are stored (ElegantRL's single-step form; its K-step variant is not used).
+`--h-term-lambda` adds ElegantRL's Hamiltonian term to the loss (defined exactly in EpisodeMemory; off at 0).
 
 Action space: a one-dimensional Box. Observations: a Box, or a Dict of Boxes (flattened). Environments: gymnasium
 MuJoCo v5 (Hopper-v5, HalfCheetah-v5, Walker2d-v5 ...), dm_control through shimmy, Pendulum-v1.
@@ -389,7 +384,12 @@ class EpisodeMemory:
     """The H-term's whole past episodes, on the training device: per transition the observation (normalised, as the
     policy saw it), the action and the discounted reward-to-go of the raw rewards min-max normalised to [0, 1] within
     its episode. Episodes are assembled across rollouts; after each rollout the lowest-return share `drop_rate` of
-    the stored episodes is dropped. Held as a list of episodes, concatenated once per rollout for sampling."""
+    the stored episodes is dropped. Held as a list of episodes, concatenated once per rollout for sampling.
+
+    The H-term (ElegantRL 2022, AgentPPO_H.get_obj_h_term), added to the loss at every minibatch once
+    --h-term-min-transitions are stored: H = -lambda * mean_i[ pi(a_i | s_i) * R_norm_i ], pi the joint action density
+    (the product over action dimensions), i a uniform sample (--h-term-sample-rate) of the stored transitions.
+    ElegantRL's single-step form; its K-step variant is not used."""
 
     def __init__(self, num_envs: int, gamma: float, drop_rate: float):
         self.gamma, self.drop_rate = gamma, drop_rate
