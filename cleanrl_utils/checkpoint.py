@@ -3,7 +3,9 @@
 A checkpoint holds everything a run needs to continue: the script's own state (networks,
 optimiser, counters, buffers) plus the arguments, the random number generators and, where
 the simulator allows it, the environments. Files are written atomically (temporary file,
-fsync, rename), so a crash mid-write never leaves a torn checkpoint.
+fsync, rename), so a crash mid-write never leaves a torn checkpoint (tests/test_fault_injection.py
+kills runs at 52 moments, most inside writes); the resume removes the temporary file such a crash
+left. A full disk stops the run in one line with exit code 1, the previous checkpoint whole.
 
 What a resumed CPU run gets, per environment family (tests/test_resume_families.py):
 - classic control, PointChasing-v0 (single and batched), MinAtar: pickled whole; exact.
@@ -25,6 +27,7 @@ What a resumed CPU run gets, per environment family (tests/test_resume_families.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import os
 import pickle
@@ -36,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cleanrl_utils.errors import fail
+from cleanrl_utils.errors import EXIT_RUN_STOPPED, fail
 
 CHECKPOINT_FORMAT = "cleanrl-checkpoint-v2"
 MODEL_FORMAT = "cleanrl-model-v2"
@@ -59,17 +62,65 @@ OPERATIONAL_ARGS = {
 }
 
 
-def save_atomic(obj, path: str | os.PathLike) -> None:
+def temporary_path(path: str | os.PathLike, pid: int | str | None = None) -> Path:
+    """Where save_atomic writes `path` before renaming it: .NAME.PID.tmp beside it; pid "*" is a glob of them all."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    return path.with_name(f".{path.name}.{os.getpid() if pid is None else pid}.tmp")
+
+
+def remove_stale_temporary_files(path: str | os.PathLike) -> None:
+    """Delete what a process killed in the middle of writing `path` left beside it (the file itself, written by
+    rename only, is always whole)."""
+    for stale in Path(path).parent.glob(temporary_path(path, "*").name):
+        stale.unlink(missing_ok=True)
+
+
+class _KeepWriteError:
+    """The file torch.save writes to, keeping the OSError of a failed write: torch reports it as a RuntimeError
+    without the errno ("unexpected pos ...")."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def save_atomic(obj, path: str | os.PathLike) -> None:
+    """Write `obj` to `path` so that `path` is always whole: into a temporary file beside it, fsync, rename over it,
+    fsync the folder. A full disk (or quota) stops the run in one line, exit code 1, with the temporary file removed
+    and the previous `path`, if any, untouched."""
+    path = Path(path)
+    tmp = temporary_path(path)
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            file = _KeepWriteError(f)
+            try:
+                torch.save(obj, file)
+            except RuntimeError:
+                if file.error is None:
+                    raise
+                raise file.error from None
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            if not path.exists():
+                state = f"no {path.name} was written; free some space and run again"
+            elif path.name == CHECKPOINT_NAME:
+                state = f"the previous {path.name} is whole: free some space, then continue with --resume {path}"
+            else:
+                state = f"the previous {path.name} is whole; free some space and run again"
+            fail(f"the disk is full ({error.strerror}) writing {path}; {state}", code=EXIT_RUN_STOPPED)
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -8,12 +8,15 @@ import sys
 from typing import NoReturn
 
 EXIT_BAD_INPUT = 2
+# A run that stopped for a reason outside its command (a full disk): the same command can succeed once that is fixed,
+# so tools that retry (the benchmark runner) tell it from bad input, which fails again however often it is rerun.
+EXIT_RUN_STOPPED = 1
 
 
-def fail(message: str) -> NoReturn:
-    """Print `error: message` to stderr and exit with code 2 (no traceback)."""
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """Print `error: message` to stderr and exit with `code`, 2 (bad input) unless told (no traceback)."""
     print(f"error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(EXIT_BAD_INPUT)
+    raise SystemExit(code)
 
 
 def check_positive(**values: float) -> None:

@@ -40,6 +40,7 @@ from cleanrl_utils.checkpoint import (
     MODEL_SUFFIX,
     StopSignal,
     load_checkpoint,
+    remove_stale_temporary_files,
     restore_rng_state,
     save_checkpoint,
     save_model,
@@ -95,6 +96,8 @@ class Run:
         self.dir = Path(args.resume).parent if resumed else Path(run_dir or RUNS_ROOT / make_run_name(args))
         self.name = self.dir.name
         self.dir.mkdir(parents=True, exist_ok=True)
+        if resumed:
+            remove_stale_temporary_files(args.resume)  # a kill in the middle of a checkpoint write leaves one
         config = dataclasses.asdict(args)
         (self.dir / "args.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
         wandb_id = self.checkpoint.get("wandb_id") if resumed else None
