@@ -17,6 +17,17 @@ std across seeds), wall time and SPS. The Markdown table is printed and, with --
 written to PATH.md and PATH.csv. A command that fails is reported with the end of its output;
 the table is made from the others and the exit code is 1.
 
+Killed and started again with the same command, the runner goes on where it stopped. A job's
+runs are the folders in --runs-dir whose args.json holds the job's env_id, seed, experiment name
+and the value of every flag in its command. A job one of whose runs finished (finished.json,
+written as a run's last act, or by the runner when a script that does not write one exits 0)
+is skipped; else the newest of its runs that holds a checkpoint is
+continued with `--resume RUNS_DIR/RUN/checkpoint.pt` (a --checkpoint-every run loses at most
+that many steps), and its runs without one are moved aside to RUNS_DIR_incomplete/ and the job
+is run from the start. A job that exits 0 without finishing (stopped by SIGTERM/SIGINT after
+writing its checkpoint) counts as not done, to be continued by the next start. --rerun runs
+every command anew instead.
+
 On a SLURM cluster, give a job template instead of running locally:
 
     python -m cleanrl_utils.benchmark --env-ids CartPole-v1 Acrobot-v1 \\
@@ -44,6 +55,7 @@ stem). Once the jobs have finished, the printed cleanrl_utils.results command ma
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 import shutil
@@ -58,6 +70,7 @@ from pathlib import Path
 
 from cleanrl_utils.errors import fail
 from cleanrl_utils.results import (
+    FINISHED_NAME,
     RunError,
     aggregate,
     existing_run_dirs,
@@ -80,6 +93,7 @@ class Job:
     returncode: int | None = None
     seconds: float = 0.0
     run_dir: Path | None = None
+    skipped: bool = False  # it finished in an earlier start of the runner
     output_tail: deque = field(default_factory=lambda: deque(maxlen=20))
 
     @property
@@ -105,6 +119,91 @@ def script_stem(command: str) -> str | None:
         if word == "--exp-name" and i + 1 < len(words):
             return words[i + 1]
     return next((Path(word).stem for word in words if word.endswith(".py")), None)
+
+
+# ---------------------------------------------------------------------------- resuming
+
+
+def command_flags(command: str) -> dict[str, list[str]]:
+    """The flags a command gives its script (the words after its last .py word, else all): {name: values}; a bare
+    flag (--cuda) has no values, --name=value and --name v1 v2 have theirs."""
+    words = shlex.split(command)
+    scripts = [i for i, word in enumerate(words) if word.endswith(".py")]
+    flags, name = {}, None
+    for word in words[scripts[-1] + 1 :] if scripts else words:
+        if word.startswith("--"):
+            name, equals, value = word[2:].partition("=")
+            flags[name] = [value] if equals else []
+            name = None if equals else name
+        elif name is not None:
+            flags[name].append(word)
+    return flags
+
+
+def same_value(stored, values: list[str]) -> bool:
+    """Whether an args.json value is what the command line's words for it give."""
+    if isinstance(stored, list):
+        return len(stored) == len(values) and all(same_value(item, [value]) for item, value in zip(stored, values))
+    if not values:
+        return stored is True
+    if len(values) != 1:
+        return False
+    if isinstance(stored, bool):
+        return values[0].lower() == str(stored).lower()
+    if isinstance(stored, (int, float)):
+        try:
+            return float(values[0]) == float(stored)
+        except ValueError:
+            return False
+    return values[0] == str(stored)
+
+
+def made_by(run_dir: Path, job: Job) -> bool:
+    """Whether `run_dir` is a run of `job`'s command: its args.json holds every flag value of the command (its
+    experiment name, when the command does not set one, is the script's stem)."""
+    try:
+        args = json.loads((run_dir / "args.json").read_text())
+    except (OSError, ValueError):
+        return False
+    flags = command_flags(job.command)
+    if "exp-name" not in flags and args.get("exp_name") != script_stem(job.command):
+        return False
+    for name, values in flags.items():
+        key = name.replace("-", "_")
+        if key in args:
+            if not same_value(args[key], values):
+                return False
+        elif not (key.startswith("no_") and not values and args.get(key[3:], None) is False):
+            return False
+    return True
+
+
+def unix_time(run_dir: Path) -> int:
+    suffix = run_dir.name.rsplit("__", 1)[-1]
+    return int(suffix) if suffix.isdigit() else 0
+
+
+def prepare_resume(job: Job, runs_root: Path) -> None:
+    """Before a job runs: mark it skipped when one of its runs finished, else make it continue the newest of its runs
+    that holds a checkpoint, and move its other unfinished runs aside (RUNS_DIR_incomplete/)."""
+    from cleanrl_utils.checkpoint import CHECKPOINT_NAME  # imports torch: here, not for --help or --workers 0
+
+    runs = sorted((d for d in existing_run_dirs(runs_root) if made_by(d, job)), key=lambda d: (unix_time(d), d.name))
+    finished = [d for d in runs if (d / FINISHED_NAME).is_file()]
+    if finished:
+        job.run_dir, job.skipped, job.returncode = finished[-1], True, 0
+        print(f"[{job.label}] finished before in {job.run_dir}: skipped", flush=True)
+        return
+    checkpointed = [d for d in runs if (d / CHECKPOINT_NAME).is_file()]
+    job.run_dir = checkpointed[-1] if checkpointed else None
+    aside = runs_root.parent / f"{runs_root.name}_incomplete"
+    for run_dir in runs:
+        if run_dir != job.run_dir:
+            aside.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(run_dir), str(aside / run_dir.name))
+            print(f"[{job.label}] moved the unfinished run {run_dir} aside to {aside}", flush=True)
+    if job.run_dir is not None:
+        job.command += f" --resume {shlex.quote(str(job.run_dir / CHECKPOINT_NAME))}"
 
 
 # ---------------------------------------------------------------------------- running locally
@@ -135,41 +234,72 @@ def run_job(job: Job, lock: threading.Lock, prefix: bool) -> Job:
     return job
 
 
-def run_jobs(jobs: list[Job], workers: int, runs_root: Path) -> None:
-    """Run the jobs, `workers` at a time, and attach to each the run directory it created."""
+def run_jobs(jobs: list[Job], workers: int, runs_root: Path, resume: bool = True) -> None:
+    """Run the jobs, `workers` at a time, and attach to each the run directory it created or continued. With
+    `resume`, jobs that finished in an earlier start are skipped and unfinished ones continued (prepare_resume)."""
+    for job in jobs if resume else ():
+        prepare_resume(job, runs_root)
     before = existing_run_dirs(runs_root)
     lock = threading.Lock()
     starts: dict[int, float] = {}
+    todo = [index for index, job in enumerate(jobs) if not job.skipped]
 
     def run(index: int) -> Job:
         starts[index] = time.time()
         return run_job(jobs[index], lock, prefix=workers > 1)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(run, range(len(jobs))))
-    for index, job in enumerate(jobs):
-        candidates = new_run_dirs(runs_root, before, job.env_id, job.seed)
-        # Run names end in the unix time they were made: keep those made while this job ran.
-        start, end = int(starts[index]) - 1, int(starts[index] + job.seconds) + 1
-        timed = [
-            d
-            for d in candidates
-            if d.name.rsplit("__", 1)[-1].isdigit() and start <= int(d.name.rsplit("__", 1)[-1]) <= end
-        ]
-        candidates = timed or candidates
-        if len(candidates) > 1:
-            print(
-                f"warning: {job.label}: several new run directories ({', '.join(d.name for d in candidates)}); "
-                "using the last",
-                file=sys.stderr,
-            )
-        job.run_dir = candidates[-1] if candidates else None
+        list(pool.map(run, todo))
+    for index in todo:
+        job = jobs[index]
+        if job.run_dir is None:
+            job.run_dir = made_run_dir(job, runs_root, before, starts[index])
+        mark_finished(job)
+
+
+def mark_finished(job: Job) -> None:
+    """Write finished.json into the run directory of a job that exited 0 without writing one itself: a script that
+    does not use cleanrl_utils.run. A run with a checkpoint but without finished.json was stopped by a signal."""
+    from cleanrl_utils.checkpoint import CHECKPOINT_NAME
+
+    run_dir = job.run_dir
+    if (
+        job.returncode != 0
+        or run_dir is None
+        or (run_dir / FINISHED_NAME).exists()
+        or (run_dir / CHECKPOINT_NAME).exists()
+    ):
+        return
+    (run_dir / FINISHED_NAME).write_text(json.dumps({"finished": time.time(), "written_by": "benchmark"}) + "\n")
+
+
+def made_run_dir(job: Job, runs_root: Path, before: set[Path], start: float) -> Path | None:
+    """The run directory a job's command made: a new one in runs_root with its env_id and seed."""
+    candidates = new_run_dirs(runs_root, before, job.env_id, job.seed)
+    # Run names end in the unix time they were made: keep those made while this job ran.
+    first, last = int(start) - 1, int(start + job.seconds) + 1
+    timed = [d for d in candidates if first <= unix_time(d) <= last]
+    candidates = timed or candidates
+    if len(candidates) > 1:
+        print(
+            f"warning: {job.label}: several new run directories ({', '.join(d.name for d in candidates)}); "
+            "using the last",
+            file=sys.stderr,
+        )
+    return candidates[-1] if candidates else None
 
 
 def tabulate(jobs: list[Job], output: Path | None) -> bool:
     """Aggregate the jobs' runs into the results table; False when some run could not be used."""
     summaries, complete = [], True
     for job in jobs:
+        if job.returncode == 0 and job.run_dir is not None and not (job.run_dir / FINISHED_NAME).is_file():
+            print(
+                f"warning: {job.label}: stopped before its end (SIGTERM or SIGINT: {job.run_dir} has a checkpoint but "
+                f"no {FINISHED_NAME}); run the same benchmark command again to continue it",
+                file=sys.stderr,
+            )
+            complete = False
         if job.run_dir is None:
             if job.returncode == 0:
                 print(f"warning: {job.label}: the command made no run directory in runs/", file=sys.stderr)
@@ -286,6 +416,12 @@ def main(argv: list[str] | None = None) -> None:
         "--slurm-script", type=Path, default=None, help="where to write the job script (default slurm/JOB_NAME.sbatch)"
     )
     parser.add_argument("--job-name", default=None, help="the SLURM job name (default: the script's stem)")
+    parser.add_argument(
+        "--rerun",
+        action="store_true",
+        help="run every command anew, also those whose runs in --runs-dir finished (default: skip them, continue "
+        "the unfinished ones)",
+    )
     args = parser.parse_args(argv)
 
     if args.num_seeds <= 0:
@@ -307,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
         for job in jobs:
             print(job.command)
         return
-    run_jobs(jobs, args.workers, args.runs_dir)
+    run_jobs(jobs, args.workers, args.runs_dir, resume=not args.rerun)
     failed = [job for job in jobs if job.returncode != 0]
     for job in failed:
         tail = "\n    ".join(job.output_tail)

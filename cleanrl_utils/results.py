@@ -52,6 +52,9 @@ class RunError(ValueError):
 
 
 EVENTS_GLOB = "events.out.tfevents.*"
+# Written into its directory as the very last thing a run does (Run.finish): the benchmark runner tells a finished run
+# from a killed one by it.
+FINISHED_NAME = "finished.json"
 
 
 def find_run_dirs(paths: list[Path]) -> list[Path]:

@@ -15,7 +15,8 @@ another script is refused in one line naming that script.
 
 Every run writes to runs/{env_id}__{exp_name}__{seed}__{unix_time}/: TensorBoard events,
 the hyperparameters (a Markdown table in TensorBoard's text tab and args.json), checkpoints,
-the saved model and videos. With --track a W&B run mirrors it (offline without a key or server).
+the saved model and videos, and at the very end finished.json (how the benchmark runner tells a
+finished run from one that was killed). With --track a W&B run mirrors it (offline without a key or server).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from cleanrl_utils.checkpoint import (
 )
 from cleanrl_utils.errors import fail
 from cleanrl_utils.progress import Progress
+from cleanrl_utils.results import FINISHED_NAME
 
 RUNS_ROOT = Path("runs")
 
@@ -196,7 +198,8 @@ class Run:
     def finish(self, step: int, evaluate: Callable | None = None, **model) -> None:
         """End the run. With --save-model, save `model` (state dicts and whatever the script's
         evaluate() needs to rebuild it) as <exp_name>.cleanrl_model, reload it with `evaluate`
-        and log the returns of --eval-episodes episodes as eval/episodic_return."""
+        and log the returns of --eval-episodes episodes as eval/episodic_return. Last, write
+        finished.json into the run directory."""
         self.progress.close(step)
         if self.args.save_model:
             model_path = self.dir / f"{self.args.exp_name}{MODEL_SUFFIX}"
@@ -215,6 +218,7 @@ class Run:
                     self.writer.add_scalar("eval/episodic_return", episodic_return, idx)
                 print(f"evaluation over {len(returns)} episodes: {np.mean(returns):.2f} +- {np.std(returns):.2f}")
         self.close()
+        (self.dir / FINISHED_NAME).write_text(json.dumps({"global_step": step, "finished": time.time()}) + "\n")
 
     def close(self) -> None:
         self.writer.close()

@@ -50,13 +50,23 @@ and --seed (seeds count from 1); extra_flags (--fixed) follow them in every run.
 Several processes, on one machine or many, work on one study when they share its storage URL
 and study name: the study is created by the first and loaded by the others (load_if_exists).
 SQLite (sqlite:///file.db) serves processes on one machine; across machines use a database
-server, e.g. postgresql://user:password@host/db (pip install psycopg2-binary). Each process
-runs --num-trials trials. A trial's runs live in WORKDIR/STUDY/trial_N/runs/ (WORKDIR defaults
-to runs/tuner); its script output in the .log files beside them. Optuna's own log is kept to
-warnings; the tuner prints one line per run and per trial.
+server, e.g. postgresql://user:password@host/db (pip install psycopg2-binary). --num-trials is
+the size of the study, all processes together: each runs trials until the study holds that many
+(complete, pruned, failed, or running in another process). A trial's runs live in
+WORKDIR/STUDY/trial_N/runs/ (WORKDIR defaults to runs/tuner); its script output in the .log
+files beside them. Optuna's own log is kept to warnings; the tuner prints one line per run and
+per trial.
 
 A script that exits with an error fails that trial (the study goes on); a metric the runs do
 not write stops the study with one line naming the metrics they do write.
+
+Killed and started again with the same command, the tuner continues its study on the storage:
+finished trials are kept, and a trial that was running when its tuner process died (the process
+is named in the trial's "worker" attribute; it must have run on this machine) is marked failed
+and queued again with the same parameters (its retry's "retry_of" attribute names it). The
+killed trial counts neither towards --num-trials nor its retry's number, so the study ends with
+as many trials as asked. A trial left running by a process on another machine that died is not
+failed (it cannot be told from a slow one): fail it by hand (study.tell(number, state=FAIL)).
 """
 
 from __future__ import annotations
@@ -65,6 +75,7 @@ import argparse
 import math
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -107,6 +118,49 @@ def normalize(score: float, target: list[float] | None) -> float:
         return score
     low, high = target
     return (score - low) / (high - low)
+
+
+def process_start(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, from /proc), which tells it from a later process given the
+    same pid; None where there is no such process or no /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def this_worker() -> str:
+    """The tuner process, as stored in its trials' "worker" attribute: host, pid and start time."""
+    return f"{socket.gethostname()} {os.getpid()} {process_start(os.getpid())}"
+
+
+def worker_gone(worker: str) -> bool:
+    """Whether the tuner process named `worker` (this_worker()) has died: False when it ran on another machine."""
+    host, pid, start = worker.rsplit(" ", 2)
+    if host != socket.gethostname():
+        return False
+    if start != "None":
+        return process_start(int(pid)) != start
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False
+
+
+def counted(trials: list) -> list:
+    """The trials that count towards the study's size: all but those waiting in the queue, interrupted ones that were
+    queued again, and surplus ones (asked by two processes at once when the study was one trial short)."""
+    from optuna.trial import TrialState
+
+    retried = {trial.user_attrs.get("retry_of") for trial in trials}
+    return [
+        trial
+        for trial in trials
+        if trial.state != TrialState.WAITING and trial.number not in retried and not trial.user_attrs.get("surplus")
+    ]
 
 
 def open_storage(storage: str | None):
@@ -240,8 +294,29 @@ class Tuner:
                     )
                 time.sleep(0.1 * (attempt + 1))
 
+    def retry_interrupted_trials(self, study) -> None:
+        """Fail the trials whose tuner process on this machine died while they ran, and queue each again with its
+        parameters."""
+        from optuna.trial import TrialState
+
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            worker = trial.user_attrs.get("worker")
+            if worker is None or not worker_gone(worker):
+                continue
+            try:
+                study.tell(trial.number, state=TrialState.FAIL)
+            except (RuntimeError, ValueError):  # another process, restarted at the same time, failed it first
+                continue
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+            print(
+                f"trial {trial.number} was interrupted (its tuner process {worker.split()[1]} died): "
+                "marked failed, queued again with the same parameters",
+                flush=True,
+            )
+
     def tune(self, num_trials: int, num_seeds: int):
-        """Run num_trials trials (in this process; others may share the study) and return the study."""
+        """Run trials until the study holds num_trials (see counted(); other processes may share the study, and a
+        study continued after a kill already holds some), and return the study."""
         import optuna
         from optuna.trial import TrialState
 
@@ -249,8 +324,21 @@ class Tuner:
             fail(f"num_trials and num_seeds must be positive, got {num_trials} and {num_seeds}")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = self.create_study()
-        for _ in range(num_trials):
+        worker = this_worker()
+        held = len(counted(study.get_trials(deepcopy=False)))
+        if held:
+            print(f"study {self.study_name!r} holds {held} of its {num_trials} trials", flush=True)
+        while True:
+            self.retry_interrupted_trials(study)
+            if len(counted(study.get_trials(deepcopy=False))) >= num_trials:
+                break
             trial = study.ask()
+            trial.set_user_attr("worker", worker)
+            earlier = [t for t in counted(study.get_trials(deepcopy=False)) if t.number < trial.number]
+            if len(earlier) >= num_trials:  # another process asked for the last trial at the same moment
+                trial.set_user_attr("surplus", True)
+                study.tell(trial, state=TrialState.FAIL)
+                break
             try:
                 value = self.objective(trial, num_seeds)
             except optuna.TrialPruned:
@@ -264,6 +352,10 @@ class Tuner:
             except StudyError as error:
                 study.tell(trial, state=TrialState.FAIL)
                 fail(str(error))
+            except (KeyboardInterrupt, SystemExit):  # Ctrl-C: the next start runs it again
+                study.tell(trial, state=TrialState.FAIL)
+                study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+                raise
             except BaseException:
                 study.tell(trial, state=TrialState.FAIL)
                 raise
@@ -354,7 +446,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--last-n", type=int, default=50, help="average the metric's last N values (default 50)")
     parser.add_argument("--direction", choices=["maximize", "minimize"], default="maximize")
     parser.add_argument("--aggregation", choices=list(AGGREGATIONS), default="average")
-    parser.add_argument("--num-trials", type=int, default=100, help="trials this process runs (default 100)")
+    parser.add_argument(
+        "--num-trials",
+        type=int,
+        default=100,
+        help="trials the study holds when done, all processes together and earlier starts included (default 100)",
+    )
     parser.add_argument("--num-seeds", type=int, default=1, help="seeds per environment in each trial (default 1)")
     parser.add_argument(
         "--storage", default="sqlite:///cleanrl_hpopt.db", help="Optuna storage URL (sqlite:///..., postgresql://...)"

@@ -449,7 +449,7 @@ def test_two_tuner_processes_share_one_sqlite_study(tmp_path):
         "--param",
         "x=uniform:0,1",
         "--num-trials",
-        "2",
+        "6",
         "--storage",
         f"sqlite:///{tmp_path / 'shared.db'}",
         "--study-name",
@@ -466,18 +466,16 @@ def test_two_tuner_processes_share_one_sqlite_study(tmp_path):
     outputs = [process.communicate(timeout=120) for process in processes]
     for process, (out, err) in zip(processes, outputs):
         assert process.returncode == 0, err
-        assert out.count("finished:") == 2, out
+        assert out.count("finished:") >= 1, out
+    assert sum(out.count("finished:") for out, _ in outputs) == 6  # --num-trials is the study's size
     import optuna
 
     study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'shared.db'}")
-    assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]
-    assert all(t.state.name == "COMPLETE" for t in study.trials)
-    assert sorted(p.name for p in (tmp_path / "tuning" / "shared").iterdir()) == [
-        "trial_0",
-        "trial_1",
-        "trial_2",
-        "trial_3",
-    ]
+    complete = [t.number for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(complete) == 6, [(t.number, t.state.name) for t in study.trials]
+    # One more, not run, where both processes asked for the last trial at the same moment.
+    assert all(t.user_attrs.get("surplus") for t in study.trials if t.number not in complete)
+    assert sorted(p.name for p in (tmp_path / "tuning" / "shared").iterdir()) == [f"trial_{n}" for n in complete]
 
 
 # ---------------------------------------------------------------------------- evaluate

@@ -1,0 +1,153 @@
+"""The experiment tools resume (issue 18): the benchmark runner and the tuner, SIGKILLed mid-way together with the
+runs they started (as a crash or a preempted machine does) and started again with the same command, skip what
+finished and redo only what did not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import ROOT, read_scalars, script_env
+
+ECHO = ROOT / "tests" / "flag_echo.py"
+TINY_PPO = (
+    "--total-timesteps 1024 --num-envs 2 --num-steps 64 --num-minibatches 2 --update-epochs 1 --checkpoint-every 512"
+)
+
+
+def start(argv: list[str], cwd: Path, output: Path) -> subprocess.Popen:
+    """Start a tool in a session of its own, so that it can be killed with every process it started."""
+    with open(output, "w") as out:
+        return subprocess.Popen(
+            argv, cwd=cwd, env=script_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def kill_when(process: subprocess.Popen, condition, what: str, timeout: float = 180) -> None:
+    """SIGKILL the process and everything it started as soon as `condition()` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"it ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} in {timeout} s"
+        time.sleep(0.002)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def seed_runs(runs: Path, seed: int) -> list[Path]:
+    return sorted(runs.glob(f"CartPole-v1__ppo__{seed}__*"))
+
+
+def test_a_killed_benchmark_started_again_skips_finished_runs_and_continues_the_others(tmp_path):
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'cleanrl' / 'ppo.py'))} {TINY_PPO}"
+    argv = [sys.executable, "-m", "cleanrl_utils.benchmark", "--env-ids", "CartPole-v1", "--command", command]
+    argv += ["--num-seeds", "3", "--output", "results/ppo"]
+    runs = tmp_path / "runs"
+    outputs = [tmp_path / f"output{i}.txt" for i in range(3)]
+
+    # 1. Killed once seed 1 finished and seed 2 started, before its first checkpoint.
+    first = start(argv, tmp_path, outputs[0])
+    kill_when(
+        first,
+        lambda: (
+            any((d / "finished.json").exists() for d in seed_runs(runs, 1))
+            and any((d / "args.json").exists() for d in seed_runs(runs, 2))
+        ),
+        "seed 2's run",
+    )
+    (finished,) = seed_runs(runs, 1)
+    (unfinished,) = seed_runs(runs, 2)
+    assert not (unfinished / "checkpoint.pt").exists(), "killed too late: seed 2 already had a checkpoint"
+    marker_time = (finished / "finished.json").stat().st_mtime_ns
+
+    # 2. Started again: seed 1 skipped, seed 2's run (no checkpoint) moved aside and redone; killed after a checkpoint.
+    second = start(argv, tmp_path, outputs[1])
+    kill_when(second, lambda: any((d / "checkpoint.pt").exists() for d in seed_runs(runs, 2)), "a checkpoint of seed 2")
+    log = outputs[1].read_text()
+    assert f"[CartPole-v1 seed 1] finished before in {Path('runs') / finished.name}: skipped" in log, log
+    assert f"moved the unfinished run {Path('runs') / unfinished.name} aside" in log, log
+    assert (tmp_path / "runs_incomplete" / unfinished.name / "args.json").exists()
+    (checkpointed,) = seed_runs(runs, 2)
+    assert checkpointed != unfinished and not (checkpointed / "finished.json").exists()
+
+    # 3. Started again: seed 1 skipped, seed 2 continued from its checkpoint, seed 3 run; all finish.
+    third = subprocess.run(argv, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr
+    assert "[CartPole-v1 seed 1] finished before" in third.stdout
+    assert f"--seed 2 --resume {Path('runs') / checkpointed.name / 'checkpoint.pt'}" in third.stdout
+    assert [d.name for d in seed_runs(runs, 2)] == [checkpointed.name] and len(list(checkpointed.glob("events.*"))) == 2
+    assert (finished / "finished.json").stat().st_mtime_ns == marker_time and len(list(finished.glob("events.*"))) == 1
+    assert all(len(seed_runs(runs, seed)) == 1 for seed in (1, 2, 3)) and len(list(runs.iterdir())) == 3
+    for seed in (1, 2, 3):
+        (run_dir,) = seed_runs(runs, seed)
+        assert json.loads((run_dir / "finished.json").read_text())["global_step"] == 1024
+        assert max(step for step, _ in read_scalars(run_dir)["charts/episodic_return"]) <= 1024
+    row = next(line for line in (tmp_path / "results" / "ppo.md").read_text().splitlines() if "CartPole-v1" in line)
+    assert "| ppo.py | CartPole-v1 | 1024 | 1 2 3 |" in row, row
+    # Each seed's command ran once from the start (seed 2 twice: its first run was killed before any checkpoint).
+    started = "".join(path.read_text() for path in outputs[:2]) + third.stdout
+    assert [started.count(f"--seed {seed}\n") for seed in (1, 2, 3)] == [1, 2, 1], started
+
+    # 4. Once more: nothing left to do.
+    fourth = subprocess.run(argv, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert fourth.returncode == 0 and fourth.stdout.count("skipped") == 3, fourth.stdout + fourth.stderr
+
+
+def test_benchmark_tells_a_run_of_another_command_from_its_own(tmp_path):
+    from cleanrl_utils import benchmark
+
+    run_dir = tmp_path / "CartPole-v1__ppo__1__1700000000"
+    run_dir.mkdir()
+    args = {"exp_name": "ppo", "env_id": "CartPole-v1", "seed": 1, "total_timesteps": 1024, "learning_rate": 0.00025}
+    (run_dir / "args.json").write_text(json.dumps({**args, "anneal_lr": False, "cuda": True, "resume": None}))
+    (job,) = benchmark.make_jobs("uv run python cleanrl/ppo.py --total-timesteps 1024", ["CartPole-v1"], [1])
+    assert benchmark.made_by(run_dir, job)
+    same = "python cleanrl/ppo.py --total-timesteps=1024 --learning-rate 2.5e-4 --no-anneal-lr --cuda"
+    assert benchmark.made_by(run_dir, benchmark.make_jobs(same, ["CartPole-v1"], [1])[0])
+    for other in ("--total-timesteps 2048", "--anneal-lr", "--num-envs 8", "--exp-name ppo2"):
+        job = benchmark.make_jobs(f"python cleanrl/ppo.py {other}", ["CartPole-v1"], [1])[0]
+        assert not benchmark.made_by(run_dir, job), other
+    assert not benchmark.made_by(run_dir, benchmark.make_jobs("python cleanrl/ppo.py", ["CartPole-v1"], [2])[0])
+    assert not benchmark.made_by(run_dir, benchmark.make_jobs("python cleanrl/dqn.py", ["CartPole-v1"], [1])[0])
+
+
+def test_a_killed_tuner_started_again_continues_its_study(tmp_path):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    argv = [sys.executable, "-m", "cleanrl_utils.tuner", "--script", str(ECHO), "--target-scores", "CartPole-v1=0,2"]
+    argv += ["--param", "x=uniform:0,1", "--fixed=--sleep 1", "--num-trials", "4", "--storage", storage]
+    argv += ["--study-name", "resumed", "--workdir", "tuning", "--sampler", "random", "--sampler-seed", "0"]
+    argv += ["--pruner", "none"]
+    trials = tmp_path / "tuning" / "resumed"
+
+    # Killed while trial 1's run is going (trial 0 finished).
+    first = start(argv, tmp_path, tmp_path / "output0.txt")
+    kill_when(first, lambda: list((trials / "trial_1").glob("*.log")), "trial 1's run")
+    study = optuna.load_study(study_name="resumed", storage=storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "RUNNING"]
+    interrupted_params = study.trials[1].params
+    trial_0_log = next((trials / "trial_0").glob("*.log"))
+    log_time = trial_0_log.stat().st_mtime_ns
+
+    again = subprocess.run(argv, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "holds 2 of its 4 trials" in again.stdout and "trial 1 was interrupted" in again.stdout, again.stdout
+    study = optuna.load_study(study_name="resumed", storage=storage)
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE", "COMPLETE"], states
+    assert study.trials[2].params == interrupted_params and study.trials[2].user_attrs["retry_of"] == 1
+    assert trial_0_log.stat().st_mtime_ns == log_time and len(list((trials / "trial_0" / "runs").iterdir())) == 1
+    assert sorted(p.name for p in trials.iterdir()) == [f"trial_{n}" for n in range(5)]
+
+    # Once more: the study holds its 4 trials; nothing is run.
+    done = subprocess.run(argv, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "holds 4 of its 4 trials" in done.stdout, done.stdout + done.stderr
+    assert len(optuna.load_study(study_name="resumed", storage=storage).trials) == 5
