@@ -26,7 +26,9 @@ continued with `--resume RUNS_DIR/RUN/checkpoint.pt` (a --checkpoint-every run l
 that many steps), and its runs without one are moved aside to RUNS_DIR_incomplete/ and the job
 is run from the start. A job that exits 0 without finishing (stopped by SIGTERM/SIGINT after
 writing its checkpoint) counts as not done, to be continued by the next start. --rerun runs
-every command anew instead.
+every command anew instead. A crash or a preemption ends the runner with its runs; a runner
+killed alone (kill -9 PID) leaves its runs going: stop them (kill -- -PGID) before starting it
+again, or a run would be continued while it still writes.
 
 On a SLURM cluster, give a job template instead of running locally:
 

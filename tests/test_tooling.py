@@ -450,6 +450,8 @@ def test_two_tuner_processes_share_one_sqlite_study(tmp_path):
         "x=uniform:0,1",
         "--num-trials",
         "6",
+        "--pruner",
+        "none",
         "--storage",
         f"sqlite:///{tmp_path / 'shared.db'}",
         "--study-name",
@@ -467,10 +469,11 @@ def test_two_tuner_processes_share_one_sqlite_study(tmp_path):
     for process, (out, err) in zip(processes, outputs):
         assert process.returncode == 0, err
         assert out.count("finished:") >= 1, out
-    assert sum(out.count("finished:") for out, _ in outputs) == 6  # --num-trials is the study's size
     import optuna
 
     study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'shared.db'}")
+    trials = [(t.number, t.state.name, t.user_attrs) for t in study.trials]
+    assert sum(out.count("finished:") for out, _ in outputs) == 6, (outputs, trials)  # --num-trials: the study's size
     complete = [t.number for t in study.trials if t.state.name == "COMPLETE"]
     assert len(complete) == 6, [(t.number, t.state.name) for t in study.trials]
     # One more, not run, where both processes asked for the last trial at the same moment.
