@@ -63,7 +63,8 @@ not write stops the study with one line naming the metrics they do write.
 Killed and started again with the same command, the tuner continues its study on the storage:
 finished trials are kept, and a trial that was running when its tuner process died (the process
 is named in the trial's "worker" attribute; it must have run on this machine) is marked failed
-and queued again with the same parameters (its retry's "retry_of" attribute names it). The
+and queued again with the same parameters (its retry's "retry_of" attribute names it), and so
+is the trial running when the tuner is stopped with Ctrl-C (exit code 130, one line). The
 killed trial counts neither towards --num-trials nor its retry's number, so the study ends with
 as many trials as asked. A trial left running by a process on another machine that died is not
 failed (it cannot be told from a slow one): fail it by hand (study.tell(number, state=FAIL)).
@@ -352,9 +353,17 @@ class Tuner:
             except StudyError as error:
                 study.tell(trial, state=TrialState.FAIL)
                 fail(str(error))
-            except (KeyboardInterrupt, SystemExit):  # Ctrl-C: the next start runs it again
+            except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C: the next start runs it again
                 study.tell(trial, state=TrialState.FAIL)
                 study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+                if isinstance(stop, KeyboardInterrupt):
+                    print(
+                        f"\ninterrupted: trial {trial.number} is queued again; run the same command to continue the "
+                        "study",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    raise SystemExit(130) from None
                 raise
             except BaseException:
                 study.tell(trial, state=TrialState.FAIL)

@@ -151,3 +151,34 @@ def test_a_killed_tuner_started_again_continues_its_study(tmp_path):
     done = subprocess.run(argv, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "holds 4 of its 4 trials" in done.stdout, done.stdout + done.stderr
     assert len(optuna.load_study(study_name="resumed", storage=storage).trials) == 5
+
+
+def test_ctrl_c_on_the_tuner_queues_its_trial_again_in_one_line(tmp_path):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    argv = [sys.executable, "-m", "cleanrl_utils.tuner", "--script", str(ECHO), "--target-scores", "CartPole-v1"]
+    argv += ["--param", "x=uniform:0,1", "--fixed=--sleep 2", "--num-trials", "2", "--storage", storage]
+    argv += ["--study-name", "stopped", "--workdir", "tuning"]
+    process = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "tuning" / "stopped" / "trial_0").glob("*.log")):
+        assert process.poll() is None and time.monotonic() < deadline, "trial 0 did not start"
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the tuner and its run
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, out + err
+    assert err.strip().splitlines() == [
+        "interrupted: trial 0 is queued again; run the same command to continue the study"
+    ]
+    trials = optuna.load_study(study_name="stopped", storage=storage).trials
+    assert [(t.state.name, t.user_attrs.get("retry_of")) for t in trials] == [("FAIL", None), ("WAITING", 0)]
+    assert trials[1].system_attrs["fixed_params"] == trials[0].params  # what the retry will suggest
