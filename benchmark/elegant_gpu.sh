@@ -24,6 +24,7 @@ for script in redq_continuous_action sac_continuous_action; do
     # timeout exits 124 after its SIGTERM; the script itself exits 0 having written its checkpoint.
     timeout --signal=TERM --kill-after=60 "$SECONDS_PER_RUN" \
         $PYTHON "cleanrl/$script.py" --env-id Hopper-v5 --seed 1 --exp-name "${script}_gpu" "${flags[@]}" \
+        $([[ ${TINY:-0} == 1 && $script == redq_continuous_action ]] && echo --utd-ratio 2) \
         > "$RESULTS/${script}_gpu.log" 2>&1 || true
     tail -n 3 "$RESULTS/${script}_gpu.log"
 done

@@ -11,7 +11,7 @@ RESULTS=${RESULTS:-benchmark/results}
 mkdir -p "$RESULTS"
 sizes=${SIZES:-4096 16384 32768} iterations=4 flags=()
 if [[ ${TINY:-0} == 1 ]]; then
-    sizes=${SIZES:-8} iterations=2 flags=(--no-cuda --num-minibatches 2 --update-epochs 1 --hidden-size 16)
+    sizes=${SIZES:-8} iterations=1 flags=(--no-cuda --num-minibatches 2 --update-epochs 1 --hidden-size 16)
 fi
 rows=()
 for envs in $sizes; do

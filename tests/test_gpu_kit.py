@@ -174,3 +174,30 @@ def test_compile_table_rows_use_flags_the_scripts_have():
         source = (ROOT / "cleanrl" / f"{script}.py").read_text()
         for flag in [f for f in flags if f.startswith("--")] + ["--env-id", "--seed", "--exp-name"]:
             assert f"    {flag[2:].replace('-', '_')}:" in source, (script, flag)
+
+
+def test_installer_keeps_the_nodes_copies_that_meet_every_requirement_and_shadows_the_rest(kit, capsys):
+    """install.plan on a made-up node: a copy new enough stays the node's, an older one is replaced (with a note),
+    a requirement outside the kit that the node cannot meet is refused in one line."""
+    sys.path.insert(0, str(ROOT / "benchmark" / "gpu"))
+    import install
+
+    manifest = kit[1]
+    action, notes = install.plan(manifest, {"typing-extensions": "4.20.0", "docstring-parser": "0.15"})
+    assert action == {
+        "tyro": "install",
+        "typeguard": "install",
+        "typing-extensions": "node",
+        "docstring-parser": "install",
+    }
+    assert notes == [
+        "docstring-parser: the node's 0.15 is shadowed by the kit's 0.18.0 (tyro needs docstring-parser>=0.16)"
+    ]
+    outside = {
+        **manifest,
+        "files": manifest["files"] + [{**manifest["files"][0], "dist": "x", "requires": ["torch>=9"]}],
+    }
+    with pytest.raises(SystemExit) as exit_info:
+        install.plan(outside, {"torch": "2.11.0+cu130"})
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: torch is not in the kit and the node has 2.11.0+cu130: x needs torch>=9\n"
