@@ -5,8 +5,9 @@
 # and a daily-rebalanced equal weight of the same stocks. FinRL's defaults: $1M, hmax 100 shares, 0.1% costs, reward
 # scaling 1e-4, no turbulence threshold. sac_continuous_action.py and ppo_continuous_action.py at their standard
 # hyperparameters, seeds 1-3, one run at a time (2-core CPU machine), --save-model for the backtest.
-# Steps: SAC 50k (about 200 one-year episodes; FinRL's tutorials train SAC 50k-70k), PPO 500k. On the 2-core machine
-# shared with other jobs SAC runs about 35-40 SPS (about 25 min a seed) and PPO about 700 (about 12 min a seed).
+# Steps: SAC 50k (about 200 one-year episodes; FinRL's tutorials train SAC 50k-70k), PPO 500k. Measured on the 2-core
+# machine with the two parts side by side and other jobs: SAC 233 SPS alone with PPO, 25-40 loaded (14-35 min a
+# seed), PPO about 1000-1500 (7-13 min a seed).
 # Results: benchmark/results/stock_trading/backtest.md, .json and equity.png (the test period: each seed, mean +- std
 # per script, both baselines); the training curves in benchmark/results/stock_trading_train.md and .png.
 # Raw environment speed is a separate measurement: benchmark/stock_trading_sps.py.
