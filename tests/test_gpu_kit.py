@@ -19,12 +19,24 @@ INSTALL = ROOT / "benchmark" / "gpu" / "install.py"
 
 
 def node_python() -> str:
-    """A python3 with pip (the installer's only needs), standing in for the node's: the project's venv has no pip."""
-    for candidate in ("python3", "python"):
-        path = shutil.which(candidate)
-        if path and subprocess.run([path, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+    """A python3 with pip (the installer's only needs), standing in for the node's. The project's venv has no pip and
+    comes first on PATH under `uv run`, so every python3 on PATH is tried, then the interpreter the venv was made
+    from."""
+    candidates = [
+        str(Path(folder) / name)
+        for folder in os.environ.get("PATH", "").split(os.pathsep)
+        for name in ("python3", "python")
+    ]
+    candidates.append(getattr(sys, "_base_executable", sys.executable))
+    for path in candidates:
+        if (
+            os.access(path, os.X_OK)
+            and subprocess.run([path, "-m", "pip", "--version"], capture_output=True).returncode == 0
+        ):
             return path
-    pytest.fail("no python3 with pip on PATH: the installer needs one (the GPU node's python3 has it)")
+    pytest.fail(
+        "no python3 with pip on PATH or behind the venv: the installer needs one (the GPU node's python3 has it)"
+    )
 
 
 @pytest.fixture(scope="module")
