@@ -116,7 +116,7 @@ class Args:
     h_term_min_transitions: int = 2048
     """the H-term starts once this many transitions of whole episodes are stored (ElegantRL: 2^11)"""
     compile: bool = False
-    """if toggled, compile the policy step, GAE and the update with torch.compile (slower to start)"""
+    """if toggled, compile the policy step and the update with torch.compile (slower to start)"""
     cudagraphs: bool = False
     """if toggled, also capture them in CUDA graphs (torch.compile's reduce-overhead mode; implies --compile; CUDA)"""
 
@@ -629,12 +629,14 @@ if __name__ == "__main__":
             h_term_memory=None if memory is None else memory.state_dict(),
         )
 
-    # The policy step, GAE and the update: with --compile, these same functions compiled (and with --cudagraphs
-    # captured in CUDA graphs, replayed with one launch each).
-    policy, gae, update = agent.sample_action, compute_gae, update_minibatch
+    # The policy step and the update: with --compile, these same functions compiled (and with --cudagraphs captured
+    # in CUDA graphs, replayed with one launch each). GAE stays eager: torch.compile unrolls its loop over the 2048
+    # steps of a rollout, and compiling that took over 10 minutes here (256 steps: 2 minutes; see
+    # benchmark/results/compile_on_policy.md), while eager GAE is a few percent of an iteration.
+    policy, update = agent.sample_action, update_minibatch
     if args.compile:
         mode = "reduce-overhead" if args.cudagraphs else None
-        policy, gae, update = (torch.compile(fn, mode=mode) for fn in (policy, gae, update))
+        policy, update = (torch.compile(fn, mode=mode) for fn in (policy, update))
 
     run.begin(training_state)
     while iteration < args.num_iterations:
@@ -683,9 +685,9 @@ if __name__ == "__main__":
                 next_values = torch.where(truncations * (1 - terminations) > 0, final_values, next_values)
                 storage.final_obs.zero_()
             values = values[:-1]
-            # A copy: with --cudagraphs the graph's output memory is reused by the next graph that runs.
-            advantages = gae(rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda)
-            advantages = advantages.clone()
+            advantages = compute_gae(
+                rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
+            )
             returns = advantages + values
 
             b_obs, b_actions = storage.obs.reshape(-1, obs_dim), storage.actions.reshape(-1, act_dim)
