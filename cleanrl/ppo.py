@@ -16,6 +16,7 @@ Expect CartPole-v1 to reach ~500 within 500k steps and Acrobot-v1 about -85 (ben
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -92,6 +93,10 @@ class Args:
     """the target KL divergence threshold (None: no early stop)"""
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for"""
+    compile: bool = False
+    """if toggled, compile the policy step, GAE and the update with torch.compile (slower to start)"""
+    cudagraphs: bool = False
+    """if toggled, also capture them in CUDA graphs (torch.compile's reduce-overhead mode; implies --compile; CUDA)"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -104,6 +109,10 @@ class Args:
 
 def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
+    if args.cudagraphs:
+        if not (args.cuda and torch.cuda.is_available()):
+            fail("--cudagraphs needs a CUDA GPU (there is none here, or --no-cuda); on the CPU use --compile alone")
+        args.compile = True  # the graphs are captured by torch.compile
     positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
     check_positive(**{name: getattr(args, name) for name in positive + ("eval_episodes", "torch_threads")})
     if args.checkpoint_every < 0:
@@ -196,6 +205,20 @@ class Agent(nn.Module):
         return log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1), entropy
 
 
+class Batch(NamedTuple):
+    """A rollout flattened to [batch_size, ...], one named tensor per field."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    values: torch.Tensor
+
+    def take(self, rows: torch.Tensor | slice) -> "Batch":
+        return Batch(*(field[rows] for field in self))
+
+
 class RolloutStorage:
     """One rollout of `num_steps` x `num_envs` transitions. Observations and actions live on the device (the
     policy needs them each step); rewards and episode ends are staged on the host and moved once per rollout."""
@@ -234,6 +257,64 @@ def compute_gae(rewards, values, next_values, terminations, truncations, gamma, 
     return advantages
 
 
+def make_optimizer(agent: Agent, args: Args, device: torch.device) -> torch.optim.Adam:
+    """Adam. With --compile its learning rate is a device tensor that annealing writes into, so the compiled step (and
+    its CUDA graph) is never rebuilt, and on a GPU its step is capturable (the step count stays on the device too)."""
+    if not args.compile:
+        return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    lr = torch.tensor(args.learning_rate, device=device)
+    return torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+
+
+def update_minibatch(agent: Agent, optimizer: torch.optim.Optimizer, mb: Batch, args: Args) -> dict[str, torch.Tensor]:
+    """One gradient step of the clipped PPO loss on the minibatch `mb`. Returns its losses and statistics, detached.
+    --compile compiles this function as it is (two graphs: up to the backward pass, and the clipping and step)."""
+    newlogprob, entropy = agent.log_prob_and_entropy(mb.obs, mb.actions)
+    newvalue = agent.get_value(mb.obs)
+    logratio = newlogprob - mb.logprobs
+    ratio = logratio.exp()
+
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    mb_advantages = mb.advantages
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb.returns) ** 2
+        v_delta = torch.clamp(newvalue - mb.values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (mb.values + v_delta - mb.returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb.returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return dict(
+        value_loss=v_loss.detach(),
+        policy_loss=pg_loss.detach(),
+        entropy=entropy_loss.detach(),
+        old_approx_kl=old_approx_kl,
+        approx_kl=approx_kl,
+        clipfrac=clipfrac,
+    )
+
+
 def evaluate(model_path, eval_episodes: int, device, seed=0, capture_video=False, video_dir=None) -> list[float]:
     """Reload a model saved by this script and return the episodic returns of the policy."""
     model = load_model(model_path, __file__)
@@ -262,7 +343,7 @@ if __name__ == "__main__":
     n_actions = int(envs.single_action_space.n)
 
     agent = Agent(obs_dim, n_actions).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    optimizer = make_optimizer(agent, args, device)
     storage = RolloutStorage(args.num_steps, args.num_envs, obs_dim, device)
 
     global_step, iteration = 0, 0
@@ -271,6 +352,8 @@ if __name__ == "__main__":
     if run.checkpoint:
         agent.load_state_dict(run.checkpoint["agent"])
         optimizer.load_state_dict(run.checkpoint["optimizer"])
+        if args.compile:  # the saved learning rate was read onto the CPU: the compiled step reads it on the device
+            optimizer.param_groups[0]["lr"] = torch.as_tensor(optimizer.param_groups[0]["lr"], device=device)
         envs, next_obs_np = restore_envs(envs, run.checkpoint["envs"], next_obs_np)
         global_step = run.checkpoint["global_step"]
         iteration = global_step // args.batch_size
@@ -285,11 +368,22 @@ if __name__ == "__main__":
             global_step=global_step,
         )
 
+    # The policy step, GAE and the update: with --compile, these same functions compiled (and with --cudagraphs
+    # captured in CUDA graphs, replayed with one launch each).
+    policy, gae, update = agent.sample_action, compute_gae, update_minibatch
+    if args.compile:
+        mode = "reduce-overhead" if args.cudagraphs else None
+        policy, gae, update = (torch.compile(fn, mode=mode) for fn in (policy, gae, update))
+
     run.begin(training_state)
     while iteration < args.num_iterations:
         iteration += 1
         if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+            lr_now = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+            if args.compile:  # written into the device tensor: nothing recompiles
+                optimizer.param_groups[0]["lr"].fill_(lr_now)
+            else:
+                optimizer.param_groups[0]["lr"] = lr_now
 
         # 1. Collect a rollout: one host-to-device copy of the observations and one device-to-host
         # copy of the actions per step; rewards and episode ends are moved once per rollout.
@@ -297,7 +391,7 @@ if __name__ == "__main__":
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 storage.obs[step] = next_obs
-                action = agent.sample_action(next_obs)
+                action = policy(next_obs)
                 storage.actions[step] = action
                 next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
                 next_obs = torch.tensor(next_obs_np, dtype=torch.float32, device=device).view(args.num_envs, obs_dim)
@@ -320,75 +414,38 @@ if __name__ == "__main__":
                 next_values = torch.where(truncated * (1 - terminated) > 0, final_values, next_values)
                 storage.final_obs.fill(0.0)
             values = values[:-1]
-            advantages = compute_gae(rewards, values, next_values, terminated, truncated, args.gamma, args.gae_lambda)
+            # A copy: with --cudagraphs the graph's output memory is reused by the next graph that runs.
+            advantages = gae(rewards, values, next_values, terminated, truncated, args.gamma, args.gae_lambda).clone()
             returns = advantages + values
 
             b_obs = storage.obs.reshape(-1, obs_dim)
             b_actions = storage.actions.reshape(-1)
             b_logprobs, _ = agent.log_prob_and_entropy(b_obs, b_actions)
-            b_advantages = advantages.reshape(-1)
-            b_returns = returns.reshape(-1)
-            b_values = values.reshape(-1)
+            batch = Batch(b_obs, b_actions, b_logprobs, advantages.reshape(-1), returns.reshape(-1), values.reshape(-1))
 
         # 3. Update the policy and value network
         clipped = torch.zeros((), device=device)
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(args.batch_size, device=device)
             for start in range(0, args.batch_size, args.minibatch_size):
-                mb_inds = b_inds[start : start + args.minibatch_size]
-                mb_obs = b_obs[mb_inds]
-                newlogprob, entropy = agent.log_prob_and_entropy(mb_obs, b_actions[mb_inds])
-                newvalue = agent.get_value(mb_obs)
-                logratio = newlogprob - b_logprobs[mb_inds]
-                ratio = logratio.exp()
-
-                with torch.no_grad():
-                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                    old_approx_kl = (-logratio).mean()
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                    clipped += ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-                mb_advantages = b_advantages[mb_inds]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                # Policy loss
-                pg_loss1 = -mb_advantages * ratio
-                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                # Value loss
-                if args.clip_vloss:
-                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                    v_delta = torch.clamp(newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef)
-                    v_loss_clipped = (b_values[mb_inds] + v_delta - b_returns[mb_inds]) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-
-                entropy_loss = entropy.mean()
-                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                stats = update(agent, optimizer, batch.take(b_inds[start : start + args.minibatch_size]), args)
+                clipped += stats["clipfrac"]
 
             # The early stop reads the KL on the host: one sync per epoch, only when asked for.
-            if args.target_kl is not None and approx_kl.item() > args.target_kl:
+            if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:
                 break
 
         # 4. Log (one device-to-host read per iteration) and checkpoint when due
-        var_y = b_returns.var()
-        explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var() / var_y)
+        var_y = batch.returns.var()
+        explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch.returns - batch.values).var() / var_y)
         run.log(
             global_step,
             {
-                "losses/value_loss": v_loss,
-                "losses/policy_loss": pg_loss,
-                "losses/entropy": entropy_loss,
-                "losses/old_approx_kl": old_approx_kl,
-                "losses/approx_kl": approx_kl,
+                "losses/value_loss": stats["value_loss"],
+                "losses/policy_loss": stats["policy_loss"],
+                "losses/entropy": stats["entropy"],
+                "losses/old_approx_kl": stats["old_approx_kl"],
+                "losses/approx_kl": stats["approx_kl"],
                 "losses/clipfrac": clipped / (args.num_minibatches * (epoch + 1)),
                 "losses/explained_variance": explained_var,
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],

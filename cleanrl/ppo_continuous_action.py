@@ -115,6 +115,10 @@ class Args:
     """the share of stored transitions drawn for the H-term at each minibatch (ElegantRL: 2^-4)"""
     h_term_min_transitions: int = 2048
     """the H-term starts once this many transitions of whole episodes are stored (ElegantRL: 2^11)"""
+    compile: bool = False
+    """if toggled, compile the policy step and the update with torch.compile (slower to start)"""
+    cudagraphs: bool = False
+    """if toggled, also capture them in CUDA graphs (torch.compile's reduce-overhead mode; implies --compile; CUDA)"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -156,6 +160,12 @@ def register_env_family(env_id: str, env_options: str | None = None) -> None:
 
 def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
+    if args.cudagraphs:
+        if not (args.cuda and torch.cuda.is_available()):
+            fail("--cudagraphs needs a CUDA GPU (there is none here, or --no-cuda); on the CPU use --compile alone")
+        args.compile = True  # the graphs are captured by torch.compile
+    if args.compile and args.h_term_lambda > 0:
+        fail("--compile does not cover the H-term (its sample size changes every rollout); drop one of the two")
     check_positive(
         total_timesteps=args.total_timesteps,
         num_envs=args.num_envs,
@@ -477,6 +487,60 @@ def compute_gae(
     return advantages
 
 
+def make_optimizer(agent: Agent, args: Args, device: torch.device) -> torch.optim.Adam:
+    """Adam. With --compile its learning rate is a device tensor that annealing writes into, so the compiled step (and
+    its CUDA graph) is never rebuilt, and on a GPU its step is capturable (the step count stays on the device too)."""
+    if not args.compile:
+        return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    lr = torch.tensor(args.learning_rate, device=device)
+    return torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+
+
+def update_minibatch(
+    agent: Agent, optimizer: torch.optim.Optimizer, mb: Batch, args: Args, memory: EpisodeMemory | None = None
+) -> dict[str, torch.Tensor]:
+    """One gradient step of the clipped PPO loss on the minibatch `mb` (with the H-term drawn from `memory` when one
+    is given). Returns its losses, log-ratios and ratios, and the count of ratios outside the clip range, detached.
+    --compile compiles this function as it is (two graphs: up to the backward pass, and the clipping and step)."""
+    newlogprob = agent.log_prob(mb.obs, mb.actions)
+    newvalue = agent.get_value(mb.obs)
+    logratio = newlogprob - mb.logprobs
+    ratio = logratio.exp()
+
+    # Policy loss
+    pg_loss1 = -mb.advantages * ratio
+    pg_loss2 = -mb.advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb.returns) ** 2
+        v_delta = torch.clamp(newvalue - mb.values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (mb.values + v_delta - mb.returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb.returns) ** 2).mean()
+
+    loss = pg_loss + v_loss * args.vf_coef
+    if args.ent_coef != 0:  # one state-independent term, not one per sample
+        loss = loss - args.ent_coef * agent.entropy()
+    stats = {}
+    if memory is not None:  # ElegantRL's H-term: raise the density of actions that led to high returns
+        h_term = memory.h_term(agent, args.h_term_sample_rate, args.h_term_lambda)
+        loss = loss + h_term
+        stats["h_term"] = h_term.detach()
+
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    ratio, logratio = ratio.detach(), logratio.detach()
+    clipped = ((ratio - 1.0).abs() > args.clip_coef).sum()
+    return dict(
+        stats, policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), logratio=logratio, ratio=ratio, clipped=clipped
+    )
+
+
 def evaluate(
     model_path: str | Path,
     eval_episodes: int,
@@ -519,7 +583,7 @@ if __name__ == "__main__":
     action_low, action_high = action_bounds(envs, device)
 
     agent = Agent(obs_dim, act_dim).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    optimizer = make_optimizer(agent, args, device)
     obs_rms = RunningMeanStd(obs_dim).to(device)
     reward_scaler = RewardScaler(args.num_envs, args.gamma, args.clip_reward).to(device)
     storage = RolloutStorage(args.num_steps, args.num_envs, obs_dim, act_dim, device)
@@ -538,6 +602,8 @@ if __name__ == "__main__":
     if run.checkpoint:
         agent.load_state_dict(run.checkpoint["agent"])
         optimizer.load_state_dict(run.checkpoint["optimizer"])
+        if args.compile:  # the saved learning rate was read onto the CPU: the compiled step reads it on the device
+            optimizer.param_groups[0]["lr"] = torch.as_tensor(optimizer.param_groups[0]["lr"], device=device)
         obs_rms.load_state_dict(run.checkpoint["obs_rms"])
         reward_scaler.load_state_dict(run.checkpoint["reward_scaler"])
         envs, next_obs = restore_envs(envs, run.checkpoint["envs"])
@@ -563,11 +629,24 @@ if __name__ == "__main__":
             h_term_memory=None if memory is None else memory.state_dict(),
         )
 
+    # The policy step and the update: with --compile, these same functions compiled (and with --cudagraphs captured
+    # in CUDA graphs, replayed with one launch each). GAE stays eager: torch.compile unrolls its loop over the 2048
+    # steps of a rollout, and compiling that took over 10 minutes here (256 steps: 2 minutes; see
+    # benchmark/results/compile_on_policy.md), while eager GAE is a few percent of an iteration.
+    policy, update = agent.sample_action, update_minibatch
+    if args.compile:
+        mode = "reduce-overhead" if args.cudagraphs else None
+        policy, update = (torch.compile(fn, mode=mode) for fn in (policy, update))
+
     run.begin(training_state)
     while iteration < args.num_iterations:
         iteration += 1
         if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+            lr_now = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+            if args.compile:  # written into the device tensor: nothing recompiles
+                optimizer.param_groups[0]["lr"].fill_(lr_now)
+            else:
+                optimizer.param_groups[0]["lr"] = lr_now
 
         # 1. Collect a rollout: one host-to-device copy of the observations and one device-to-host
         # copy of the actions per step; rewards and episode ends are moved once per rollout.
@@ -577,7 +656,7 @@ if __name__ == "__main__":
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 storage.obs[step] = next_obs
-                action = agent.sample_action(next_obs, noise[step])
+                action = policy(next_obs, noise[step])
                 storage.actions[step] = action
                 next_obs_np, reward, terminated, truncated, infos = envs.step(
                     action.clamp(action_low, action_high).cpu().numpy()
@@ -621,7 +700,7 @@ if __name__ == "__main__":
             h_term_on = memory is not None and memory.size >= args.h_term_min_transitions
 
         # 3. Update the policy and value network
-        ratios = []  # detached, for the clip fraction at logging time
+        clipped = torch.zeros((), dtype=torch.long, device=device)  # ratios outside the clip range, for clipfrac
         for epoch in range(args.update_epochs):
             # One gather per field and epoch, minibatches are slices of it, and the advantages of every minibatch
             # normalised by the minibatch's mean and std in one op: 4% faster than indexing per minibatch (measured).
@@ -632,60 +711,33 @@ if __name__ == "__main__":
                 shuffled = shuffled._replace(advantages=((by_minibatch - mean) / (std + 1e-8)).view(-1))
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb = shuffled.take(slice(start, start + args.minibatch_size))
-                newlogprob = agent.log_prob(mb.obs, mb.actions)
-                newvalue = agent.get_value(mb.obs)
-                logratio = newlogprob - mb.logprobs
-                ratio = logratio.exp()
-                ratios.append(ratio.detach())
-
-                # Policy loss
-                pg_loss1 = -mb.advantages * ratio
-                pg_loss2 = -mb.advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                # Value loss
-                if args.clip_vloss:
-                    v_loss_unclipped = (newvalue - mb.returns) ** 2
-                    v_delta = torch.clamp(newvalue - mb.values, -args.clip_coef, args.clip_coef)
-                    v_loss_clipped = (mb.values + v_delta - mb.returns) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                else:
-                    v_loss = 0.5 * ((newvalue - mb.returns) ** 2).mean()
-
-                loss = pg_loss + v_loss * args.vf_coef
-                if args.ent_coef != 0:  # one state-independent term, not one per sample
-                    loss = loss - args.ent_coef * agent.entropy()
-                if h_term_on:  # ElegantRL's H-term: raise the density of actions that led to high returns
-                    h_term = memory.h_term(agent, args.h_term_sample_rate, args.h_term_lambda)
-                    loss = loss + h_term
-
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                stats = update(agent, optimizer, mb, args, memory if h_term_on else None)
+                clipped += stats["clipped"]
 
             # The KL estimates (http://joschu.net/blog/kl-approx.html) of the epoch's last minibatch, once per
             # epoch rather than per minibatch: 3.5% faster (measured). The early stop reads them on the host.
             with torch.no_grad():
-                old_approx_kl = (-logratio).mean()
-                approx_kl = ((ratio - 1) - logratio).mean()
+                old_approx_kl = (-stats["logratio"]).mean()
+                approx_kl = ((stats["ratio"] - 1) - stats["logratio"]).mean()
             if args.target_kl is not None and approx_kl.item() > args.target_kl:
                 break
 
         # 4. Log (one device-to-host read per iteration) and checkpoint when due
         var_y = batch.returns.var()
         explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch.returns - batch.values).var() / var_y)
-        h_term_scalars = {"losses/h_term": h_term, "charts/h_term_transitions": memory.size} if h_term_on else {}
+        h_term_scalars = (
+            {"losses/h_term": stats["h_term"], "charts/h_term_transitions": memory.size} if h_term_on else {}
+        )
         run.log(
             global_step,
             {
                 **h_term_scalars,
-                "losses/value_loss": v_loss,
-                "losses/policy_loss": pg_loss,
+                "losses/value_loss": stats["value_loss"],
+                "losses/policy_loss": stats["policy_loss"],
                 "losses/entropy": agent.entropy(),
                 "losses/old_approx_kl": old_approx_kl,
                 "losses/approx_kl": approx_kl,
-                "losses/clipfrac": ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean(),
+                "losses/clipfrac": clipped / (args.batch_size * (epoch + 1)),
                 "losses/explained_variance": explained_var,
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
             },

@@ -25,7 +25,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Literal, Optional, Tuple, Union  # not X | None, list[...]: Isaac Gym runs on Python 3.8
+
+# Not X | None, list[...]: Isaac Gym runs on Python 3.8.
+from typing import Dict, List, Literal, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -119,6 +121,10 @@ class Args:
     """stop training after this many seconds of wall-clock time (0: no limit); for benchmarks"""
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for"""
+    compile: bool = False
+    """if toggled, compile the policy step, GAE and the update with torch.compile (slower to start)"""
+    cudagraphs: bool = False
+    """if toggled, also capture them in CUDA graphs (torch.compile's reduce-overhead mode; implies --compile; CUDA)"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -446,6 +452,10 @@ def make_envs(simulator: str, env_id: str, num_envs: int, device: torch.device, 
 def validate(args: Args) -> str:
     """Check the arguments and the simulator before any work; fail in one line. Returns the
     simulator that will run."""
+    if args.cudagraphs:
+        if not (args.cuda and torch.cuda.is_available()):
+            fail("--cudagraphs needs a CUDA GPU (there is none here, or --no-cuda); on the CPU use --compile alone")
+        args.compile = True  # the graphs are captured by torch.compile
     check_positive(
         total_timesteps=args.total_timesteps,
         num_envs=args.num_envs,
@@ -589,6 +599,76 @@ def compute_gae(
     return advantages
 
 
+class Batch(NamedTuple):
+    """A rollout flattened to [batch_size, ...], one named tensor per field."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    values: torch.Tensor
+
+    def take(self, rows: Union[torch.Tensor, slice]) -> "Batch":
+        return Batch(*(field[rows] for field in self))
+
+
+def make_optimizer(agent: Agent, args: Args, device: torch.device) -> torch.optim.Adam:
+    """Adam. With --compile its learning rate is a device tensor that annealing writes into, so the compiled step (and
+    its CUDA graph) is never rebuilt, and on a GPU its step is capturable (the step count stays on the device too)."""
+    if not args.compile:
+        return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    lr = torch.tensor(args.learning_rate, device=device)
+    return torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+
+
+def update_minibatch(agent: Agent, optimizer: torch.optim.Optimizer, mb: Batch, args: Args) -> Dict[str, torch.Tensor]:
+    """One gradient step of the clipped PPO loss on the minibatch `mb`. Returns its losses and statistics, detached.
+    --compile compiles this function as it is (two graphs: up to the backward pass, and the clipping and step)."""
+    newlogprob = agent.log_prob(mb.obs, mb.actions)
+    newvalue = agent.get_value(mb.obs)
+    logratio = newlogprob - mb.logprobs
+    ratio = logratio.exp()
+
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    mb_advantages = mb.advantages
+    if args.norm_adv:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb.returns) ** 2
+        v_delta = torch.clamp(newvalue - mb.values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (mb.values + v_delta - mb.returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb.returns) ** 2).mean()
+
+    loss = pg_loss - args.ent_coef * agent.entropy() + v_loss * args.vf_coef
+
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return dict(
+        value_loss=v_loss.detach(),
+        policy_loss=pg_loss.detach(),
+        old_approx_kl=old_approx_kl,
+        approx_kl=approx_kl,
+        clipfrac=clipfrac,
+    )
+
+
 def first_episode_returns(model: dict, envs, eval_episodes: int, device: torch.device) -> List[float]:
     """The return of the first episode of each of the first `eval_episodes` environments under the model's mean
     action, on observations normalised with the saved statistics (frozen). The environments are reset first."""
@@ -642,7 +722,7 @@ if __name__ == "__main__":
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
 
     agent = Agent(obs_dim, act_dim).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = make_optimizer(agent, args, device)
     obs_rms = RunningMeanStd(obs_dim).to(device)
 
     def normalize(raw: torch.Tensor, update: bool = True) -> torch.Tensor:
@@ -669,6 +749,8 @@ if __name__ == "__main__":
     if run.checkpoint:
         agent.load_state_dict(run.checkpoint["agent"])
         optimizer.load_state_dict(run.checkpoint["optimizer"])
+        if args.compile:  # the saved learning rate was read onto the CPU: the compiled step reads it on the device
+            optimizer.param_groups[0]["lr"] = torch.as_tensor(optimizer.param_groups[0]["lr"], device=device)
         obs_rms.load_state_dict(run.checkpoint["obs_rms"])
         if run.checkpoint["envs"] is None:
             print("Isaac Gym's state is not in the checkpoint: resuming with freshly reset environments", flush=True)
@@ -691,18 +773,29 @@ if __name__ == "__main__":
             iteration=iteration,
         )
 
+    # The policy step, GAE and the update: with --compile, these same functions compiled (and with --cudagraphs
+    # captured in CUDA graphs, replayed with one launch each).
+    policy, gae, update = agent.sample_action, compute_gae, update_minibatch
+    if args.compile:
+        mode = "reduce-overhead" if args.cudagraphs else None
+        policy, gae, update = (torch.compile(fn, mode=mode) for fn in (policy, gae, update))
+
     run.begin(training_state)
     while iteration < args.num_iterations:
         iteration += 1
         if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+            lr_now = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+            if args.compile:  # written into the device tensor: nothing recompiles
+                optimizer.param_groups[0]["lr"].fill_(lr_now)
+            else:
+                optimizer.param_groups[0]["lr"] = lr_now
 
         # 1. Collect a rollout: everything stays on the device.
         with torch.no_grad():
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs
-                action = agent.sample_action(next_obs)
+                action = policy(next_obs)
                 actions[step] = action
                 raw_obs, reward, terminated, truncated, info = envs.step(action)
                 next_obs = normalize(raw_obs)
@@ -720,63 +813,26 @@ if __name__ == "__main__":
             values = agent.get_value(obs)
             next_values = torch.cat([values[1:], agent.get_value(next_obs)[None]])
             next_values = torch.where(truncations > 0, agent.get_value(final_obs), next_values)
-            advantages = compute_gae(
-                rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
-            )
+            # A copy: with --cudagraphs the graph's output memory is reused by the next graph that runs.
+            advantages = gae(rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda)
+            advantages = advantages.clone()
             returns = advantages + values
 
             b_obs = obs.reshape(-1, obs_dim)
             b_actions = actions.reshape(-1, act_dim)
             b_logprobs = agent.log_prob(b_obs, b_actions)
-            b_advantages = advantages.reshape(-1)
-            b_returns = returns.reshape(-1)
-            b_values = values.reshape(-1)
+            batch = Batch(b_obs, b_actions, b_logprobs, advantages.reshape(-1), returns.reshape(-1), values.reshape(-1))
 
         # 3. Update the policy and value network
         clipped = torch.zeros((), device=device)
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(args.batch_size, device=device)
             for start in range(0, args.batch_size, args.minibatch_size):
-                mb_inds = b_inds[start : start + args.minibatch_size]
-                mb_obs = b_obs[mb_inds]
-                newlogprob = agent.log_prob(mb_obs, b_actions[mb_inds])
-                newvalue = agent.get_value(mb_obs)
-                logratio = newlogprob - b_logprobs[mb_inds]
-                ratio = logratio.exp()
-
-                with torch.no_grad():
-                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                    old_approx_kl = (-logratio).mean()
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                    clipped += ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-                mb_advantages = b_advantages[mb_inds]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-
-                # Policy loss
-                pg_loss1 = -mb_advantages * ratio
-                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                # Value loss
-                if args.clip_vloss:
-                    v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                    v_delta = torch.clamp(newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef)
-                    v_loss_clipped = (b_values[mb_inds] + v_delta - b_returns[mb_inds]) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-
-                loss = pg_loss - args.ent_coef * agent.entropy() + v_loss * args.vf_coef
-
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                stats = update(agent, optimizer, batch.take(b_inds[start : start + args.minibatch_size]), args)
+                clipped += stats["clipfrac"]
 
             # The early stop reads the KL on the host: one sync per epoch, only when asked for.
-            if args.target_kl is not None and approx_kl.item() > args.target_kl:
+            if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:
                 break
 
         # 4. Log every --log-every iterations and at the end (two device-to-host reads), checkpoint when due
@@ -786,16 +842,16 @@ if __name__ == "__main__":
             episode_stats.zero_()
             if finished > 0:  # the mean over the episodes that ended since the last log line
                 run.log_episodes(global_step, returns=[return_sum / finished], lengths=[length_sum / finished])
-            var_y = b_returns.var()
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (b_returns - b_values).var() / var_y)
+            var_y = batch.returns.var()
+            explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch.returns - batch.values).var() / var_y)
             run.log(
                 global_step,
                 {
-                    "losses/value_loss": v_loss,
-                    "losses/policy_loss": pg_loss,
+                    "losses/value_loss": stats["value_loss"],
+                    "losses/policy_loss": stats["policy_loss"],
                     "losses/entropy": agent.entropy(),
-                    "losses/old_approx_kl": old_approx_kl,
-                    "losses/approx_kl": approx_kl,
+                    "losses/old_approx_kl": stats["old_approx_kl"],
+                    "losses/approx_kl": stats["approx_kl"],
                     "losses/clipfrac": clipped / (args.num_minibatches * (epoch + 1)),
                     "losses/explained_variance": explained_var,
                     "charts/learning_rate": optimizer.param_groups[0]["lr"],
