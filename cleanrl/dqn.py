@@ -88,6 +88,10 @@ class Args:
     """the frequency of training (one gradient step every this many timesteps)"""
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for"""
+    compile: bool = False
+    """if toggled, compile the acting step and the update with torch.compile (meant for GPUs; changes float rounding)"""
+    cudagraphs: bool = False
+    """if toggled, also replay them as CUDA graphs (torch.compile's mode "reduce-overhead"; implies --compile; CUDA)"""
 
 
 # Losses, epsilon and SPS are read back from the device and logged every this many steps.
@@ -121,6 +125,8 @@ def validate(args: Args) -> None:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; lower it")
     if args.num_envs > args.buffer_size:
         fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}; lower it")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA GPU and none is in use; drop it (--compile works on the CPU)")
     check_env_id(args.env_id)
     probe = gym.make(args.env_id)
     action_space, observation_space = probe.action_space, probe.observation_space
@@ -253,6 +259,17 @@ def select_actions(q_network: QNetwork, obs: torch.Tensor, epsilon: float, n_act
     return np.where(explore, random_actions, greedy_actions)
 
 
+def make_optimizer(params, lr: float, device: torch.device, compiled: bool) -> torch.optim.Adam:
+    """Adam, fused on the default path. Compiled (fused Adam cannot be traced): the foreach form, whose step
+    torch.compile turns into a few fused kernels; on CUDA with the learning rate as a device tensor and the step
+    counts on the device (capturable), so that a compiled or CUDA-graphed step reads no host value."""
+    if not compiled:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    if device.type == "cuda":
+        return torch.optim.Adam(params, lr=torch.tensor(lr, device=device), foreach=True, capturable=True)
+    return torch.optim.Adam(params, lr=lr, foreach=True)  # CPU: capturable and a tensor lr are CUDA-only
+
+
 def evaluate(
     model_path: str | Path,
     eval_episodes: int,
@@ -288,7 +305,8 @@ if __name__ == "__main__":
     n_actions = int(envs.single_action_space.n)
 
     q_network = QNetwork(obs_dim, n_actions).to(device)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
+    compiled = args.compile or args.cudagraphs
+    optimizer = make_optimizer(q_network.parameters(), args.learning_rate, device, compiled)
     target_network = QNetwork(obs_dim, n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
     rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_dim, device)
@@ -316,6 +334,24 @@ if __name__ == "__main__":
             global_step=global_step,
         )
 
+    def update(obs, next_obs, actions, rewards, terminations) -> tuple[torch.Tensor, torch.Tensor]:
+        """One gradient step on a minibatch towards the target network's TD targets; the loss and the mean Q-value."""
+        with torch.no_grad():
+            target_max = target_network(next_obs).amax(dim=1)
+            target = td_target(rewards, target_max, terminations, args.gamma)
+        q_values = q_network(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
+        loss = F.mse_loss(q_values, target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.detach(), q_values.detach().mean()
+
+    acting_network = q_network
+    if compiled:
+        # The random draws (minibatch indices, epsilon-greedy) stay outside, so they are the default path's draws.
+        mode = "reduce-overhead" if args.cudagraphs else None  # CUDA graphs through PyTorch's graph trees
+        update, acting_network = torch.compile(update, mode=mode), torch.compile(q_network, mode=mode)
+
     run.begin(training_state)
     losses = {}  # of the latest gradient step, read back only when logged (none yet after a resume)
     while global_step < args.total_timesteps:
@@ -323,7 +359,7 @@ if __name__ == "__main__":
         epsilon = linear_schedule(
             args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
         )
-        actions = select_actions(q_network, torch.from_numpy(obs_np).to(device), epsilon, n_actions)
+        actions = select_actions(acting_network, torch.from_numpy(obs_np).to(device), epsilon, n_actions)
         next_obs_np, rewards, terminations, truncations, infos = envs.step(actions)
         previous_step, global_step = global_step, global_step + args.num_envs
         rb.add(obs_np, next_obs_np, actions, rewards, terminations, infos)
@@ -333,16 +369,9 @@ if __name__ == "__main__":
         # Learn: a gradient step every `train_frequency` env steps (several per step if num_envs is larger).
         if global_step > args.learning_starts:
             for _ in range(global_step // args.train_frequency - previous_step // args.train_frequency):
-                obs_b, next_obs_b, actions_b, rewards_b, terminations_b = rb.sample(args.batch_size)
-                with torch.no_grad():
-                    target_max = target_network(next_obs_b).amax(dim=1)
-                    target = td_target(rewards_b, target_max, terminations_b, args.gamma)
-                q_values = q_network(obs_b).gather(1, actions_b.unsqueeze(1)).squeeze(1)
-                loss = F.mse_loss(q_values, target)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                losses = {"losses/td_loss": loss, "losses/q_values": q_values.mean()}
+                loss, q_mean = update(*rb.sample(args.batch_size))
+                # Copies: a CUDA graph's outputs are overwritten by its next replay (two tiny copies otherwise).
+                losses = {"losses/td_loss": loss.clone(), "losses/q_values": q_mean.clone()}
 
             # Update the target network: a copy with tau = 1, Polyak averaging below.
             if global_step // args.target_network_frequency > previous_step // args.target_network_frequency:

@@ -96,7 +96,9 @@ class Args:
     autotune: bool = True
     """automatic tuning of the entropy coefficient towards a target entropy of -|A|"""
     compile: bool = False
-    """if toggled, compile the losses with torch.compile (meant for GPUs; changes float rounding and random draws)"""
+    """if toggled, compile the acting step and the updates with torch.compile (meant for GPUs; changes rounding)"""
+    cudagraphs: bool = False
+    """if toggled, also replay them as CUDA graphs (torch.compile's mode "reduce-overhead"; implies --compile; CUDA)"""
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for (deterministic mean action)"""
 
@@ -149,6 +151,8 @@ def validate(args: Args) -> None:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; lower the batch")
     if args.num_envs > args.buffer_size:
         fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: a step overwrites itself")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA GPU and none is in use; drop it (--compile works on the CPU)")
     register_env_family(args.env_id, args.env_options)
     check_env_id(args.env_id)
     try:
@@ -283,10 +287,11 @@ class Actor(nn.Module):
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # from (-1, 1) into the bounds
         return mean, log_std
 
-    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reparameterised action (differentiable in the parameters) and its log-probability."""
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised action (differentiable in the parameters) and its log-probability; `noise`: the N(0, I)
+        draws [batch, action], drawn here if not given (the compiled functions take them as inputs)."""
         mean, log_std = self(obs)
-        noise = torch.randn_like(mean)
+        noise = torch.randn_like(mean) if noise is None else noise
         u = mean + log_std.exp() * noise
         action = to_env_action(torch.tanh(u), self.action_scale, self.action_bias)
         return action, squashed_gaussian_log_prob(u, noise, log_std, self.action_scale)
@@ -351,6 +356,19 @@ class ReplayBuffer:
         self.data[: self.size].copy_(state["data"])
 
 
+def make_optimizer(groups: list[dict], device: torch.device, compiled: bool) -> torch.optim.Adam:
+    """Adam over parameter groups ({"params": ..., "lr": float}), fused on the default path. Compiled (fused Adam
+    cannot be traced): the foreach form, whose step torch.compile turns into a few fused kernels; on CUDA with the
+    learning rates as device tensors and the step counts on the device (capturable), so that a compiled or
+    CUDA-graphed step reads no host value."""
+    if not compiled:
+        return torch.optim.Adam(groups, fused=True)
+    if device.type == "cuda":
+        groups = [{**group, "lr": torch.tensor(group["lr"], device=device)} for group in groups]
+        return torch.optim.Adam(groups, foreach=True, capturable=True)
+    return torch.optim.Adam(groups, foreach=True)  # CPU: capturable and a tensor lr are CUDA-only
+
+
 def evaluate(model_path, eval_episodes: int, device, seed=0, capture_video=False, video_dir=None) -> list[float]:
     """Reload a model saved by this script; the episodic returns of its deterministic policy (the mean action)."""
     model = load_model(model_path, __file__)
@@ -387,36 +405,53 @@ if __name__ == "__main__":
     target_entropy = -float(act_dim)
     log_alpha = torch.zeros((), device=device, requires_grad=True)
     alpha = log_alpha.detach().exp() if args.autotune else torch.tensor(args.alpha, device=device)
-    q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
+    compiled = args.compile or args.cudagraphs
+    q_optimizer = make_optimizer([{"params": list(qf.parameters()), "lr": args.q_lr}], device, compiled)
     # One Adam for the policy and log_alpha, each with its own learning rate: the two losses touch disjoint
     # parameters, so one backward and one step of their sum do exactly what two separate steps would.
     actor_groups = [{"params": list(actor.parameters()), "lr": args.policy_lr}]
     if args.autotune:
         actor_groups.append({"params": [log_alpha], "lr": args.q_lr})
-    actor_optimizer = torch.optim.Adam(actor_groups, fused=True)
+    actor_optimizer = make_optimizer(actor_groups, device, compiled)
     rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_dim, act_dim, device)
     # What a checkpoint holds besides log_alpha, the environments and the step (training_state below).
     stateful = dict(actor=actor, qf=qf, qf_target=qf_target, replay_buffer=rb)
     stateful.update(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
 
-    def critic_losses(batch: Transitions) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MSE of each critic towards the soft Q target [2], and each critic's mean Q-value [2]."""
+    def update_critics(batch: Transitions, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One gradient step of both critics towards the soft Q target (a' ~ pi(.|s') from the N(0, I) `noise`);
+        the MSE of each critic [2] and each critic's mean Q-value [2]."""
         with torch.no_grad():
-            next_actions, next_log_prob = actor.sample(batch.next_obs)
+            next_actions, next_log_prob = actor.sample(batch.next_obs, noise)
             next_q_min = qf_target(batch.next_obs, next_actions).amin(0)
             target = soft_q_target(batch.rewards, batch.terminations, next_q_min, next_log_prob, alpha, args.gamma)
         q_values = qf(batch.obs, batch.actions)
-        return ((q_values - target) ** 2).mean(1), q_values.detach().mean(1)
+        qf_losses = ((q_values - target) ** 2).mean(1)
+        q_optimizer.zero_grad()
+        qf_losses.sum().backward()
+        q_optimizer.step()
+        return qf_losses.detach(), q_values.detach().mean(1)
 
-    def actor_losses(obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The policy loss, and the alpha loss (with --autotune) on the same log-probabilities."""
-        actions, log_prob = actor.sample(obs)
+    def update_actor(obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One gradient step of the policy (the critics frozen by the caller) and, with --autotune, of alpha, on the
+        same log-probabilities; the policy loss and the alpha loss."""
+        actions, log_prob = actor.sample(obs, noise)
         actor_loss = (alpha * log_prob - qf(obs, actions).amin(0)).mean()
         alpha_loss = (-log_alpha.exp() * (log_prob.detach() + target_entropy)).mean()
-        return actor_loss, alpha_loss
+        actor_optimizer.zero_grad()
+        (actor_loss + alpha_loss if args.autotune else actor_loss).backward()
+        actor_optimizer.step()
+        if args.autotune:
+            alpha.copy_(log_alpha.detach().exp())
+        return actor_loss.detach(), alpha_loss.detach()
 
-    if args.compile:
-        critic_losses, actor_losses = torch.compile(critic_losses), torch.compile(actor_losses)
+    sample_actions = actor.sample
+    if compiled:
+        # The random draws (minibatch indices, the policy's noise) stay outside, so they are the default path's draws.
+        mode = "reduce-overhead" if args.cudagraphs else None  # CUDA graphs through PyTorch's graph trees
+        update_critics = torch.compile(update_critics, mode=mode)
+        update_actor = torch.compile(update_actor, mode=mode)
+        sample_actions = torch.compile(actor.sample, mode=mode)
 
     global_step = 0
     obs_np, _ = envs.reset(seed=args.seed)
@@ -448,7 +483,8 @@ if __name__ == "__main__":
             actions = random_actions(args.num_envs, actor.action_scale, actor.action_bias)
         else:
             with torch.no_grad():
-                actions, _ = actor.sample(torch.from_numpy(obs_np).to(device))
+                obs = torch.from_numpy(obs_np).to(device)
+                actions, _ = sample_actions(obs, torch.randn((args.num_envs, act_dim), device=device))
         actions = actions.cpu().numpy()
         next_obs_np, rewards, terminations, truncations, infos = envs.step(actions)
         previous_step, global_step = global_step, global_step + args.num_envs
@@ -462,19 +498,13 @@ if __name__ == "__main__":
         # target_network_frequency-th, a Polyak update of the targets.
         for t in range(max(previous_step, args.learning_starts) + 1, global_step + 1):
             batch = rb.sample(args.batch_size)
-            qf_losses, q_values = critic_losses(batch)
-            q_optimizer.zero_grad()
-            qf_losses.sum().backward()
-            q_optimizer.step()
+            # Copies: a CUDA graph's outputs are overwritten by its next replay (tiny copies otherwise).
+            qf_losses, q_values = (out.clone() for out in update_critics(batch, torch.randn_like(batch.actions)))
             if t % args.policy_frequency == 0:
                 qf.requires_grad_(False)  # the policy's loss backpropagates through the critics, not into them
                 for _ in range(args.policy_frequency):
-                    actor_loss, alpha_loss = actor_losses(batch.obs)
-                    actor_optimizer.zero_grad()
-                    (actor_loss + alpha_loss if args.autotune else actor_loss).backward()
-                    actor_optimizer.step()
-                    if args.autotune:
-                        alpha.copy_(log_alpha.detach().exp())
+                    noise = torch.randn_like(batch.actions)
+                    actor_loss, alpha_loss = (out.clone() for out in update_actor(batch.obs, noise))
                 qf.requires_grad_(True)
             if t % args.target_network_frequency == 0:
                 with torch.no_grad():

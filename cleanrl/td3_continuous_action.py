@@ -95,7 +95,9 @@ class Args:
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for"""
     compile: bool = False
-    """if toggled, compile the losses with torch.compile (meant for GPUs; changes float rounding)"""
+    """if toggled, compile the acting step and the updates with torch.compile (meant for GPUs; changes rounding)"""
+    cudagraphs: bool = False
+    """if toggled, also replay them as CUDA graphs (torch.compile's mode "reduce-overhead"; implies --compile; CUDA)"""
 
 
 LOG_EVERY = 100  # losses, Q-values and SPS are read back from the device and logged every this many steps
@@ -146,6 +148,8 @@ def validate(args: Args) -> None:
         fail(f"--batch-size {args.batch_size} is larger than --buffer-size {args.buffer_size}; lower the batch")
     if args.num_envs > args.buffer_size:
         fail(f"--num-envs {args.num_envs} is larger than --buffer-size {args.buffer_size}: a step overwrites itself")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA GPU and none is in use; drop it (--compile works on the CPU)")
     register_env_family(args.env_id, args.env_options)
     check_env_id(args.env_id)
     try:
@@ -316,10 +320,11 @@ def add_exploration_noise(
     return torch.clamp(actions + torch.randn_like(actions) * (noise_std * action_scale), low, high)
 
 
-def smooth_target_actions(target_actions, action_scale, low, high, policy_noise: float, noise_clip: float):
-    """Target policy smoothing: noise N(0, policy_noise^2) clipped to +-noise_clip, both in units of the action
-    half-range (so scaled by action_scale), added to the target actor's actions, the sum clipped to [low, high]."""
-    noise = (torch.randn_like(target_actions) * policy_noise).clamp(-noise_clip, noise_clip) * action_scale
+def smooth_target_actions(target_actions, action_scale, low, high, standard_normal, policy_noise, noise_clip):
+    """Target policy smoothing: noise N(0, policy_noise^2) (policy_noise * standard_normal, draws of N(0, 1) shaped
+    like the actions) clipped to +-noise_clip, both in units of the action half-range (so scaled by action_scale),
+    added to the target actor's actions, the sum clipped to [low, high]."""
+    noise = (standard_normal * policy_noise).clamp(-noise_clip, noise_clip) * action_scale
     return torch.clamp(target_actions + noise, low, high)
 
 
@@ -327,6 +332,17 @@ def td_target(rewards: torch.Tensor, next_q: torch.Tensor, terminations: torch.T
     """r + gamma * Q_target(s', a'), the bootstrap dropped where the episode terminated. A truncated transition
     keeps its bootstrap: its s' is the true final observation."""
     return rewards + gamma * next_q * (1.0 - terminations)
+
+
+def make_optimizer(params, lr: float, device: torch.device, compiled: bool) -> torch.optim.Adam:
+    """Adam, fused on the default path. Compiled (fused Adam cannot be traced): the foreach form, whose step
+    torch.compile turns into a few fused kernels; on CUDA with the learning rate as a device tensor and the step
+    counts on the device (capturable), so that a compiled or CUDA-graphed step reads no host value."""
+    if not compiled:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    if device.type == "cuda":
+        return torch.optim.Adam(params, lr=torch.tensor(lr, device=device), foreach=True, capturable=True)
+    return torch.optim.Adam(params, lr=lr, foreach=True)  # CPU: capturable and a tensor lr are CUDA-only
 
 
 def evaluate(model_path, eval_episodes: int, device, seed=0, capture_video=False, video_dir=None) -> list[float]:
@@ -363,34 +379,54 @@ if __name__ == "__main__":
     actor = Actor(obs_dim, low, high).to(device)
     critic = TwinQNetwork(obs_dim, action_dim).to(device)
     target_actor, target_critic = copy.deepcopy(actor), copy.deepcopy(critic)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
-    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=args.learning_rate, fused=True)
+    compiled = args.compile or args.cudagraphs
+    actor_optimizer = make_optimizer(actor.parameters(), args.learning_rate, device, compiled)
+    critic_optimizer = make_optimizer(critic.parameters(), args.learning_rate, device, compiled)
     rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_dim, action_dim, device)
     # What a checkpoint holds besides the environments and the step (training_state below).
     stateful = dict(actor=actor, critic=critic, target_actor=target_actor, target_critic=target_critic)
     stateful.update(actor_optimizer=actor_optimizer, critic_optimizer=critic_optimizer, replay_buffer=rb)
-    # The Polyak averaging of both targets: one fused lerp over all their parameters.
+    # The Polyak averaging of both targets (update_actor_and_targets below).
     online_params = [*actor.parameters(), *critic.parameters()]
     target_params = [*target_actor.parameters(), *target_critic.parameters()]
 
-    def critic_losses(batch: Transitions) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each critic's mean squared TD error [2] and its Q-values [2, batch], towards the
-        clipped double-Q target of the smoothed target action."""
+    def update_critics(batch: Transitions, standard_normal: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One gradient step of both critics towards the clipped double-Q target of the smoothed target action
+        (`standard_normal`: the smoothing noise's N(0, 1) draws); each critic's mean squared TD error [2] and its
+        mean Q-value [2]."""
         with torch.no_grad():
+            next_actions = target_actor(batch.next_obs)
             next_actions = smooth_target_actions(
-                target_actor(batch.next_obs), actor.action_scale, low, high, args.policy_noise, args.noise_clip
+                next_actions, actor.action_scale, low, high, standard_normal, args.policy_noise, args.noise_clip
             )
             next_q = target_critic(batch.next_obs, next_actions).amin(dim=0)
             target = td_target(batch.rewards, next_q, batch.terminations, args.gamma)
         q_values = critic(batch.obs, batch.actions)
-        return ((q_values - target) ** 2).mean(dim=1), q_values
+        qf_losses = ((q_values - target) ** 2).mean(dim=1)
+        critic_optimizer.zero_grad()
+        qf_losses.sum().backward()
+        critic_optimizer.step()
+        return qf_losses.detach(), q_values.detach().mean(dim=1)
 
-    def actor_loss(obs: torch.Tensor) -> torch.Tensor:
-        """-Q1(s, actor(s)): the actor climbs the first critic."""
-        return -critic(obs, actor(obs), num_critics=1).mean()
+    def update_actor_and_targets(obs: torch.Tensor) -> torch.Tensor:
+        """One gradient step of the actor up the first critic, -Q1(s, actor(s)) (the critic frozen by the caller),
+        then the Polyak averaging of both targets; the actor's loss."""
+        loss = -critic(obs, actor(obs), num_critics=1).mean()
+        actor_optimizer.zero_grad()
+        loss.backward()
+        actor_optimizer.step()
+        with torch.no_grad():
+            torch._foreach_lerp_(target_params, online_params, args.tau)  # one fused lerp over all their parameters
+        return loss.detach()
 
-    if args.compile:
-        critic_losses, actor_loss = torch.compile(critic_losses), torch.compile(actor_loss)
+    acting_actor = actor
+    if compiled:
+        # The random draws (minibatch indices, smoothing and exploration noise) stay outside, so they are the default
+        # path's draws.
+        mode = "reduce-overhead" if args.cudagraphs else None  # CUDA graphs through PyTorch's graph trees
+        update_critics = torch.compile(update_critics, mode=mode)
+        update_actor_and_targets = torch.compile(update_actor_and_targets, mode=mode)
+        acting_actor = torch.compile(actor, mode=mode)
 
     global_step = 0
     obs_np, _ = envs.reset(seed=args.seed)
@@ -418,7 +454,8 @@ if __name__ == "__main__":
         else:
             with torch.no_grad():
                 obs = torch.from_numpy(obs_np).to(device)
-                actions = add_exploration_noise(actor(obs), actor.action_scale, low, high, args.exploration_noise)
+                actions = acting_actor(obs)
+                actions = add_exploration_noise(actions, actor.action_scale, low, high, args.exploration_noise)
         actions_np = actions.cpu().numpy()
         next_obs_np, rewards, terminations, truncations, infos = envs.step(actions_np)
         previous_step, global_step = global_step, global_step + args.num_envs
@@ -430,25 +467,18 @@ if __name__ == "__main__":
         # step; the actor and the targets follow every `policy_frequency` steps (delayed).
         for update in range(max(previous_step, args.learning_starts) + 1, global_step + 1):
             batch = rb.sample(args.batch_size)
-            qf_losses, q_values = critic_losses(batch)
-            critic_optimizer.zero_grad()
-            qf_losses.sum().backward()
-            critic_optimizer.step()
+            # Copies: a CUDA graph's outputs are overwritten by its next replay (tiny copies otherwise).
+            qf_losses, q_values = (out.clone() for out in update_critics(batch, torch.randn_like(batch.actions)))
             if update % args.policy_frequency == 0:
                 critic.requires_grad_(False)  # the actor's loss backpropagates through the critic, not into it
-                loss = actor_loss(batch.obs)
-                actor_optimizer.zero_grad()
-                loss.backward()
-                actor_optimizer.step()
+                loss = update_actor_and_targets(batch.obs).clone()
                 critic.requires_grad_(True)
-                with torch.no_grad():
-                    torch._foreach_lerp_(target_params, online_params, args.tau)
 
         # 3. Log every LOG_EVERY steps (one device-to-host read), checkpoint when due.
         if global_step // LOG_EVERY > previous_step // LOG_EVERY:
             scalars = {"charts/learning_rate": args.learning_rate}
             if qf_losses is not None:
-                q1, q2 = q_values.mean(dim=1)
+                q1, q2 = q_values
                 scalars.update({"losses/qf1_values": q1, "losses/qf2_values": q2, "losses/qf_loss": qf_losses.mean()})
                 scalars.update({"losses/qf1_loss": qf_losses[0], "losses/qf2_loss": qf_losses[1]})
             if loss is not None:

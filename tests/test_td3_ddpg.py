@@ -207,7 +207,7 @@ def test_td3_smoothing_noise_stays_within_its_clip_and_the_bounds():
     scale = (HIGH - LOW) / 2
     middle = ((LOW + HIGH) / 2).expand(50_000, 3)
     # A wide noise (std 1) clipped at 0.5 half-ranges: most draws hit the clip.
-    smoothed = td3.smooth_target_actions(middle, scale, LOW, HIGH, policy_noise=1.0, noise_clip=0.5)
+    smoothed = td3.smooth_target_actions(middle, scale, LOW, HIGH, torch.randn_like(middle), 1.0, 0.5)
     noise = (smoothed - middle) / scale
     assert noise.abs().max() <= 0.5 + 1e-6
     assert (noise.abs() > 0.5 - 1e-6).float().mean() > 0.5  # the clip is where the noise piles up
@@ -215,14 +215,15 @@ def test_td3_smoothing_noise_stays_within_its_clip_and_the_bounds():
         (noise < 0) & (noise > -0.4)
     ).any()  # and it is noise, not a constant
     # A narrow noise (std 0.2) is barely touched by the clip: std ~0.2 half-ranges per dimension.
-    narrow = (td3.smooth_target_actions(middle, scale, LOW, HIGH, policy_noise=0.2, noise_clip=0.5) - middle) / scale
+    narrow = (td3.smooth_target_actions(middle, scale, LOW, HIGH, torch.randn_like(middle), 0.2, 0.5) - middle) / scale
     np.testing.assert_allclose(narrow.std(0).numpy(), [0.2] * 3, rtol=0.04)
     # At the bounds the smoothed action is clipped back into them.
     for edge in (LOW, HIGH):
-        smoothed = td3.smooth_target_actions(edge.expand(50_000, 3), scale, LOW, HIGH, policy_noise=1.0, noise_clip=0.5)
+        edges = edge.expand(50_000, 3)
+        smoothed = td3.smooth_target_actions(edges, scale, LOW, HIGH, torch.randn_like(edges), 1.0, 0.5)
         assert (smoothed >= LOW).all() and (smoothed <= HIGH).all()
         assert (smoothed == edge).float().mean() > 0.45  # half of the draws push out and are clipped
-    assert td3.smooth_target_actions(middle, scale, LOW, HIGH, policy_noise=0.2, noise_clip=0.0).equal(middle)
+    assert td3.smooth_target_actions(middle, scale, LOW, HIGH, torch.randn_like(middle), 0.2, 0.0).equal(middle)
 
 
 @pytest.mark.parametrize("algo", ["td3", "ddpg"])
