@@ -113,7 +113,7 @@ def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
     if args.cudagraphs:
         if not (args.cuda and torch.cuda.is_available()):
-            fail("--cudagraphs needs a CUDA GPU (there is none here, or --no-cuda); on the CPU use --compile alone")
+            fail("--cudagraphs needs a CUDA GPU and none is in use; drop it (--compile works on the CPU)")
         args.compile = True  # the graphs are captured by torch.compile
     positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate")
     check_positive(**{name: getattr(args, name) for name in positive + ("eval_episodes", "torch_threads")})

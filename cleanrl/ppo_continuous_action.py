@@ -162,7 +162,7 @@ def validate(args: Args) -> None:
     """Check the arguments and the environment before any work; fail in one line."""
     if args.cudagraphs:
         if not (args.cuda and torch.cuda.is_available()):
-            fail("--cudagraphs needs a CUDA GPU (there is none here, or --no-cuda); on the CPU use --compile alone")
+            fail("--cudagraphs needs a CUDA GPU and none is in use; drop it (--compile works on the CPU)")
         args.compile = True  # the graphs are captured by torch.compile
     if args.compile and args.h_term_lambda > 0:
         fail("--compile does not cover the H-term (its sample size changes every rollout); drop one of the two")

@@ -454,7 +454,7 @@ def validate(args: Args) -> str:
     simulator that will run."""
     if args.cudagraphs:
         if not (args.cuda and torch.cuda.is_available()):
-            fail("--cudagraphs needs a CUDA GPU (there is none here, or --no-cuda); on the CPU use --compile alone")
+            fail("--cudagraphs needs a CUDA GPU and none is in use; drop it (--compile works on the CPU)")
         args.compile = True  # the graphs are captured by torch.compile
     check_positive(
         total_timesteps=args.total_timesteps,

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import math
 
+import dqn
 import pytest
+import sac_continuous_action
+import td3_continuous_action
 import torch
+import tyro
 from conftest import assert_bad_input, read_scalars, run_dirs, run_script
 
 OFF_POLICY_TINY = ["--buffer-size", "500", "--batch-size", "16", "--save-model", "--eval-episodes", "1"]
@@ -72,10 +76,23 @@ def test_compiled_run_equals_the_eager_run(tmp_path, script):
             assert difference <= RTOL * eager.norm().item() + ATOL, f"{network}.{name}: {difference} apart"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: --cudagraphs is allowed")
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_cudagraphs_is_refused_on_the_cpu_in_one_line(tmp_path, script):
-    flags, _ = SCRIPTS[script]
-    result = run_script(script, *flags, "--cudagraphs", cwd=tmp_path)
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: --cudagraphs is allowed")
+REFUSAL = "error: --cudagraphs needs a CUDA GPU and none is in use; drop it (--compile works on the CPU)"
+
+
+@needs_no_cuda
+@pytest.mark.parametrize("module", [dqn, td3_continuous_action, sac_continuous_action], ids=lambda m: m.__name__)
+def test_cudagraphs_is_refused_on_the_cpu_in_one_line(module, capsys):
+    # In-process for each script (validate() is the first thing a script runs); end to end for dqn.py below.
+    args = tyro.cli(module.Args, args=["--cudagraphs"])
+    with pytest.raises(SystemExit) as exit_info:
+        module.validate(args)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [REFUSAL]
+
+
+@needs_no_cuda
+def test_cudagraphs_exits_2_before_any_work(tmp_path):
+    result = run_script("dqn.py", *SCRIPTS["dqn.py"][0], "--cudagraphs", cwd=tmp_path)
     assert result.returncode == 2
     assert_bad_input(result, tmp_path, "--cudagraphs needs a CUDA GPU", "--compile works on the CPU")

@@ -172,8 +172,7 @@ def test_run_all_tiny_cpu_mode(tmp_path):
     cells = [c.strip() for c in row.split("|")[1:-1]]
     assert cells[2].endswith("(256 steps)") and float(cells[2].split()[0].replace(",", "")) > 0  # eager
     assert "needs CUDA" in cells[4] or "cudagraphs" in cells[4]  # --cudagraphs is refused on a CPU
-    # --compile works on a CPU once the flag exists; until then the row names what is wrong instead of crashing
-    assert cells[3].endswith("(256 steps)") or cells[3].startswith("failed: ")
+    assert cells[3].endswith("(256 steps)") and float(cells[3].split()[0].replace(",", "")) > 0  # --compile
     assert not list(tmp_path.glob("benchmark/results"))  # nothing written beside the copied scripts
 
 
