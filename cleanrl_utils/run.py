@@ -53,10 +53,19 @@ from cleanrl_utils.results import FINISHED_NAME
 RUNS_ROOT = Path("runs")
 
 
-def make_run_name(args) -> str:
-    # Ids such as "ALE/Breakout-v5" must not create nested folders.
-    env_name = args.env_id.replace("/", "-")
-    return f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
+def claim_run_dir(args) -> Path:
+    """A new folder runs/{env_id}__{exp_name}__{seed}__{unix_time} that no other run writes to. mkdir is atomic, so
+    of two runs started in the same second with the same env, exp-name and seed, the second takes the next free
+    second's name instead of sharing the first one's folder."""
+    env_name = args.env_id.replace("/", "-")  # ids such as "ALE/Breakout-v5" must not create nested folders
+    stamp = int(time.time())
+    while True:
+        run_dir = RUNS_ROOT / f"{env_name}__{args.exp_name}__{args.seed}__{stamp}"
+        try:
+            run_dir.mkdir(parents=True)  # raises if the folder exists, even when another process made it just now
+            return run_dir
+        except FileExistsError:
+            stamp += 1
 
 
 def hyperparameter_table(config: dict) -> str:
@@ -95,9 +104,14 @@ class Run:
 
         resumed = self.checkpoint is not None
         self.start_step = self.checkpoint["global_step"] if resumed else 0
-        self.dir = Path(args.resume).parent if resumed else Path(run_dir or RUNS_ROOT / make_run_name(args))
+        if resumed:
+            self.dir = Path(args.resume).parent
+        elif run_dir is not None:
+            self.dir = Path(run_dir)
+            self.dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self.dir = claim_run_dir(args)
         self.name = self.dir.name
-        self.dir.mkdir(parents=True, exist_ok=True)
         if resumed:
             remove_stale_temporary_files(args.resume)  # a kill in the middle of a checkpoint write leaves one
         config = dataclasses.asdict(args)
