@@ -7,15 +7,16 @@
 # straight at the target at full speed scores 2.1 in 374 steps); one cut at 1024 steps scores about -35 (a random
 # or still policy: the target drifts away). So a mean return above 0 means most episodes reach the target; about
 # +2 is the best there is.
+# Checkpointed: killed, the same command again skips finished seeds and continues the others.
 # Results: benchmark/results/point_chasing.md and .csv (the table), point_chasing.png (the curves).
 # Raw environment speed is a separate measurement: benchmark/point_chasing_sps.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 uv run python -m cleanrl_utils.benchmark --env-ids PointChasing-v0 --num-seeds 3 \
-    --command "uv run python cleanrl/sac_continuous_action.py --total-timesteps 100000" \
+    --command "uv run python cleanrl/sac_continuous_action.py --total-timesteps 100000 --checkpoint-every 10000" \
     --output benchmark/results/point_chasing_sac
 uv run python -m cleanrl_utils.benchmark --env-ids PointChasing-v0 --num-seeds 3 \
-    --command "uv run python cleanrl/ppo_continuous_action.py --total-timesteps 1000000" \
+    --command "uv run python cleanrl/ppo_continuous_action.py --total-timesteps 1000000 --checkpoint-every 100000" \
     --output benchmark/results/point_chasing_ppo
 runs=(runs/PointChasing-v0__sac_continuous_action__* runs/PointChasing-v0__ppo_continuous_action__*)
 uv run python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/point_chasing

@@ -19,23 +19,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hopper_steps="${HOPPER_STEPS:-12000}"
+# One run at a time through the benchmark runner, checkpointed: killed (or out of session time), the same command
+# again skips the finished seeds and continues the others from their checkpoints.
+runner() {  # name, uv extra flags, then the runner's flags
+    uv run $2 python -m cleanrl_utils.benchmark --workers 1 --output "/tmp/redq_$1" "${@:3}"
+}
 pendulum_redq() {
-    for seed in 1 2 3; do
-        uv run python cleanrl/redq_continuous_action.py --env-id Pendulum-v1 --seed "$seed" --total-timesteps 6000 \
-            --learning-starts 1000 --torch-threads 1
-    done
+    local script="uv run python cleanrl/redq_continuous_action.py --learning-starts 1000 --torch-threads 1"
+    runner pendulum_redq "" --env-ids Pendulum-v1 --num-seeds 3 \
+        --command "$script --total-timesteps 6000 --checkpoint-every 500"
 }
 pendulum_sac() {
-    for seed in 1 2 3; do
-        uv run python cleanrl/sac_continuous_action.py --env-id Pendulum-v1 --seed "$seed" --total-timesteps 20000 \
-            --learning-starts 1000 --torch-threads 1 --exp-name sac_ls1000
-    done
+    local script="uv run python cleanrl/sac_continuous_action.py --learning-starts 1000 --torch-threads 1"
+    runner pendulum_sac "" --env-ids Pendulum-v1 --num-seeds 3 \
+        --command "$script --total-timesteps 20000 --exp-name sac_ls1000 --checkpoint-every 5000"
 }
 hopper() {
-    uv run --extra mujoco python cleanrl/redq_continuous_action.py --env-id Hopper-v5 --seed 1 \
-        --total-timesteps "$hopper_steps" --torch-threads 1
-    uv run --extra mujoco python cleanrl/sac_continuous_action.py --env-id Hopper-v5 --seed 1 \
-        --total-timesteps "$hopper_steps" --torch-threads 1 --exp-name "sac_${hopper_steps}"
+    local mujoco="uv run --extra mujoco python cleanrl"
+    runner hopper_redq "--extra mujoco" --env-ids Hopper-v5 --num-seeds 1 --command \
+        "$mujoco/redq_continuous_action.py --total-timesteps $hopper_steps --torch-threads 1 --checkpoint-every 1000"
+    runner hopper_sac "--extra mujoco" --env-ids Hopper-v5 --num-seeds 1 --command "$mujoco/sac_continuous_action.py \
+--total-timesteps $hopper_steps --torch-threads 1 --exp-name sac_$hopper_steps --checkpoint-every 2000"
 }
 table() {
     pendulum=(runs/Pendulum-v1__redq_continuous_action__* runs/Pendulum-v1__sac_ls1000__*)

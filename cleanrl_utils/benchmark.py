@@ -160,9 +160,14 @@ def same_value(stored, values: list[str]) -> bool:
     return values[0] == str(stored)
 
 
+# Flags that change how a run is kept and mirrored, never what it learns: a run made without --checkpoint-every is
+# still a run of the same command with it (the flag can be added to a long benchmark while its first runs are going).
+BOOKKEEPING_FLAGS = {"checkpoint_every", "track", "wandb_project_name", "wandb_entity"}
+
+
 def made_by(run_dir: Path, job: Job) -> bool:
-    """Whether `run_dir` is a run of `job`'s command: its args.json holds every flag value of the command (its
-    experiment name, when the command does not set one, is the script's stem)."""
+    """Whether `run_dir` is a run of `job`'s command: its args.json holds every flag value of the command but the
+    bookkeeping ones (its experiment name, when the command does not set one, is the script's stem)."""
     try:
         args = json.loads((run_dir / "args.json").read_text())
     except (OSError, ValueError):
@@ -172,6 +177,8 @@ def made_by(run_dir: Path, job: Job) -> bool:
         return False
     for name, values in flags.items():
         key = name.replace("-", "_")
+        if key in BOOKKEEPING_FLAGS:
+            continue
         if key in args:
             if not same_value(args[key], values):
                 return False

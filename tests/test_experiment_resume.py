@@ -111,6 +111,9 @@ def test_benchmark_tells_a_run_of_another_command_from_its_own(tmp_path):
     assert benchmark.made_by(run_dir, job)
     same = "python cleanrl/ppo.py --total-timesteps=1024 --learning-rate 2.5e-4 --no-anneal-lr --cuda"
     assert benchmark.made_by(run_dir, benchmark.make_jobs(same, ["CartPole-v1"], [1])[0])
+    # Bookkeeping flags change nothing learned: the run was made without them and is still this command's run.
+    kept = "python cleanrl/ppo.py --total-timesteps 1024 --checkpoint-every 512 --track --wandb-project-name x"
+    assert benchmark.made_by(run_dir, benchmark.make_jobs(kept, ["CartPole-v1"], [1])[0])
     for other in ("--total-timesteps 2048", "--anneal-lr", "--num-envs 8", "--exp-name ppo2"):
         job = benchmark.make_jobs(f"python cleanrl/ppo.py {other}", ["CartPole-v1"], [1])[0]
         assert not benchmark.made_by(run_dir, job), other
