@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,6 +199,16 @@ def test_progress_line_redraws_in_place_on_a_terminal_and_counts_sps_from_the_re
     assert redraws[0] == "" and len(redraws) == 3  # two more redraws of the one line, then its end
     assert redraws[1] == "6,100/10,000 steps (61%) | 200 SPS | return 3.0 (last 1) | 00:19 left"
     assert redraws[2] == redraws[1] + "\n" and "\n" not in first + redraws[1]
+
+
+def test_importing_run_leaves_out_the_results_tools_heavy_imports():
+    # Every script imports cleanrl_utils.run (which imports cleanrl_utils.results for FINISHED_NAME): scipy.stats
+    # (~0.8 s of CPU, for the IQM and its bootstrap), pandas and rliable must not come with it.
+    code = "import json, sys, cleanrl_utils.run; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    imported = set(json.loads(result.stdout))
+    assert "cleanrl_utils" in imported and imported.isdisjoint({"scipy", "pandas", "rliable"})
 
 
 def make_run(root: Path, env_id: str, seed: int, returns: list[float], exp_name: str = "ppo") -> Path:
