@@ -182,12 +182,12 @@ def machine_description() -> str:
 
 
 def iqm(values: np.ndarray, axis: int = 0) -> np.ndarray:
-    """Interquartile mean: sort, drop floor(n/4) values at each end, average the rest
-    (scipy.stats.trim_mean(values, 0.25, axis))."""
-    values = np.sort(np.asarray(values, dtype=np.float64), axis=axis)
-    n = values.shape[axis]
-    cut = int(0.25 * n)
-    return np.mean(np.take(values, np.arange(cut, n - cut), axis=axis), axis=axis)
+    """Interquartile mean: the mean of the middle 50%, cutting floor(n/4) values at each end. It is
+    scipy.stats.trim_mean(values, 0.25, axis), the function rliable's aggregate_iqm calls (Agarwal et al. 2021)."""
+    # imported here, not at the top: run.py imports this module (FINISHED_NAME); scipy.stats costs ~0.8 s of CPU
+    from scipy.stats import trim_mean
+
+    return trim_mean(np.asarray(values, dtype=np.float64), 0.25, axis=axis)
 
 
 def aggregate(summaries: list[RunSummary]) -> list[dict]:

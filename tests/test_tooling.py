@@ -254,6 +254,12 @@ def test_plot_aggregates_match_hand_computed_numbers():
     assert low < 7 / 3 < high and values.min() <= low and high <= values.max()
     assert (low, high) == (pytest.approx(1 / 3), pytest.approx(20 / 3))
     assert plot.bootstrap_ci(values, samples=500, seed=3) == plot.bootstrap_ci(values, samples=500, seed=3)
+    # A curve: one resample of the runs serves every point, so the interval at each point is the one of that point's
+    # values alone (same seed), and a point at twice the values gets exactly twice the interval.
+    curve_low, curve_high = plot.bootstrap_ci(np.stack([values, 2 * values], axis=1), samples=20000, seed=0)
+    assert curve_low.tolist() == [low, 2 * low] and curve_high.tolist() == [high, 2 * high]
+    one_low, one_high = plot.bootstrap_ci(np.array([[1.0, 2.0]]))  # one run: every resample is that run
+    assert one_low.tolist() == one_high.tolist() == [1.0, 2.0]
 
     # TensorBoard's debiased EMA: [0, 2] with weight 0.5 -> 0, (0.5 * 2) / (1 - 0.25) = 4/3.
     assert plot.smooth(np.array([0.0, 2.0]), 0.5) == pytest.approx([0.0, 4 / 3])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,17 +144,71 @@ def test_check_env_id_suggests_near_ids(capsys):
     assert "did you mean CartPole-v1" in capsys.readouterr().err
 
 
-def test_progress_line_shows_steps_sps_return_and_time_left():
-    stream = io.StringIO()
+class Clock:
+    """Stands in for the time module inside cleanrl_utils.progress: perf_counter() is `now`, set by the test."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_progress_line_shows_steps_sps_return_and_time_left(monkeypatch):
+    monkeypatch.setattr(progress, "time", clock := Clock())
+    stream = io.StringIO()  # not a tty: a log file
     bar = progress.Progress(1000, label="CartPole-v1 ppo", stream=stream)
-    bar.start_time -= 2.0  # as if 2 s had passed
+    clock.now += 2.0
     bar.add_returns([10.0, 20.0])
     bar.update(500)
     line = stream.getvalue()
-    assert line.startswith("CartPole-v1 ppo | 500/1,000 steps (50%) | ")
-    assert "return 15.0 (last 2)" in line and "0:02 left" in line
-    bar.update(600)  # within the print interval: nothing new
+    assert line == "CartPole-v1 ppo | 500/1,000 steps (50%) | 250 SPS | return 15.0 (last 2) | 00:02 left\n"
+    clock.now += 29.0
+    bar.update(600)  # within the print interval (30 s): nothing new
     assert stream.getvalue() == line
+    clock.now += 1.0
+    bar.update(640)  # the interval has passed: a new plain line, never a carriage return
+    bar.close(1010)  # the last batch of steps may pass the total
+    lines = stream.getvalue().split("\n")
+    assert "\r" not in stream.getvalue() and lines[-1] == "" and len(lines) == 4
+    assert lines[1] == "CartPole-v1 ppo | 640/1,000 steps (64%) | 20 SPS | return 15.0 (last 2) | 00:18 left"
+    assert lines[2] == "CartPole-v1 ppo | 1,010/1,000 steps (100%) | 32 SPS | return 15.0 (last 2) | 00:00 left"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_redraws_in_place_on_a_terminal_and_counts_sps_from_the_resumed_step(monkeypatch):
+    monkeypatch.setattr(progress, "time", clock := Clock())
+    stream = Terminal()
+    bar = progress.Progress(10_000, start_step=4_000, stream=stream)
+    clock.now += 10.0
+    bar.update(5_000)  # 1,000 steps in 10 s since the resume: 100 SPS; the 5,000 left take 50 s
+    first = stream.getvalue()
+    assert first == "\r5,000/10,000 steps (50%) | 100 SPS | return - (last 0) | 00:50 left"
+    clock.now += 0.4
+    bar.update(5_100)  # within the terminal's interval (0.5 s): nothing new
+    assert stream.getvalue() == first
+    clock.now += 0.1
+    bar.add_returns([3.0])
+    bar.update(6_100)
+    bar.close(6_100)
+    redraws = stream.getvalue()[len(first) :].split("\r")
+    assert redraws[0] == "" and len(redraws) == 3  # two more redraws of the one line, then its end
+    assert redraws[1] == "6,100/10,000 steps (61%) | 200 SPS | return 3.0 (last 1) | 00:19 left"
+    assert redraws[2] == redraws[1] + "\n" and "\n" not in first + redraws[1]
+
+
+def test_importing_run_leaves_out_the_results_tools_heavy_imports():
+    # Every script imports cleanrl_utils.run (which imports cleanrl_utils.results for FINISHED_NAME): scipy.stats
+    # (~0.8 s of CPU, for the IQM and its bootstrap), pandas and rliable must not come with it.
+    code = "import json, sys, cleanrl_utils.run; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    imported = set(json.loads(result.stdout))
+    assert "cleanrl_utils" in imported and imported.isdisjoint({"scipy", "pandas", "rliable"})
 
 
 def make_run(root: Path, env_id: str, seed: int, returns: list[float], exp_name: str = "ppo") -> Path:
