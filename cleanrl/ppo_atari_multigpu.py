@@ -1,21 +1,20 @@
 """PPO from pixels (Atari, MinAtar), data-parallel over processes and machines with torch.distributed.
 
-ppo_atari.py's algorithm and settings (Schulman et al. 2017; the Atari details of Huang et al. 2022), run by
-torchrun as one process (rank) per GPU, or per CPU process with gloo: each rank steps its own `--local-num-envs`
-games (seeds seed + rank x local_num_envs + i, never shared), starts from rank 0's parameters, and averages the
-gradients of every minibatch over all ranks before clipping them, so all ranks take the same steps and hold the
-same parameters. Advantages are normalised with the mean and std of the whole minibatch over all ranks, and
-the --target-kl early stop reads the approx KL averaged over ranks: every rank stops in the same epoch. Rank 0
-alone logs (every rank's games), writes checkpoints (holding each rank's games and RNGs) and saves the model; a
---resume path is read by every rank (a shared filesystem across machines) and needs the same number of ranks.
-Decisions use the global RANK and WORLD_SIZE; LOCAL_RANK only picks the GPU. Without torchrun it is one rank.
+ppo_atari.py's algorithm and settings under torchrun: one rank per GPU (NCCL), or per CPU process (gloo). Each rank
+steps its own `--local-num-envs` games (seeds seed + rank x local_num_envs + i: none shared), starts from rank 0's
+parameters and averages every minibatch's gradients over all ranks before clipping, so all ranks hold the same
+parameters. Advantages are normalised over the whole minibatch of all ranks; --target-kl reads the approx KL averaged
+over ranks, and a SIGTERM to any rank stops all of them at the same iteration, after a checkpoint. Rank 0 alone logs
+(every rank's games) and writes checkpoints (each rank's games and RNGs) and the model; every rank reads --resume's
+file (a shared filesystem across machines), with the same number of ranks. The global RANK decides; LOCAL_RANK only
+picks the GPU. Without torchrun, `python cleanrl/ppo_atari_multigpu.py` is a run of one rank.
 
     uv run torchrun --standalone --nproc-per-node 8 cleanrl/ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
-    # two machines: the same command on each, NODE_RANK 0 and 1, HOST the first machine's address
-    uv run torchrun --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 8 --rdzv-backend c10d \\
-        --rdzv-endpoint $HOST:29400 --rdzv-id breakout1 cleanrl/ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
+    # several machines: this on each of them, HOST one of them (reachable from all)
+    RDZV="--rdzv-backend c10d --rdzv-endpoint $HOST:29400 --rdzv-id run1"
+    uv run torchrun --nnodes 2 --nproc-per-node 8 $RDZV cleanrl/ppo_atari_multigpu.py --env-id BreakoutNoFrameskip-v4
 
-Expect what ppo_atari.py reaches at the same total steps (Breakout ~415 after 10M, CleanRL's figure).
+Expect ppo_atari.py's returns at the same total steps (Breakout ~415 after 10M, CleanRL's figure).
 """
 
 import os
