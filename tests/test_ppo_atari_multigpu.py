@@ -180,16 +180,10 @@ def test_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
     assert 0 < checkpoint["global_step"] < 200000 and len(checkpoint["ranks"]) == 2
 
 
-@pytest.mark.parametrize(
-    "flags, fragments",
-    [
-        (["--num-minibatches", "3"], ["--num-minibatches 3 does not divide each rank's batch of 256"]),
-        (["--env-id", "CartPole-v1"], ["cleanrl/ppo.py"]),
-    ],
-)
-def test_bad_input_fails_in_one_line(workdir, flags, fragments):
-    args = ["--local-num-envs", "8", "--num-steps", "32", *flags]
-    assert_bad_input(run_script("ppo_atari_multigpu.py", *args, cwd=workdir), workdir, *fragments)
+def test_bad_input_fails_in_one_line(workdir):
+    flags = ["--local-num-envs", "8", "--num-steps", "32", "--num-minibatches", "3"]
+    result = run_script("ppo_atari_multigpu.py", *flags, cwd=workdir)
+    assert_bad_input(result, workdir, "--num-minibatches 3 does not divide each rank's batch of 256")
 
 
 def test_more_ranks_on_a_machine_than_gpus_fail_in_one_line(monkeypatch, capsys):
