@@ -88,9 +88,16 @@ class Run:
     `script` is the training script's `__file__`; its stem names the algorithm in every saved
     model and checkpoint. `run_dir` and `purge_step` are for tools that log a run of their own
     (benchmark/random_policy.py); a training script passes neither.
+
+    `writes=False` makes a Run that writes nothing (the processes of a distributed run other than rank 0): it
+    seeds, picks the device, reads --resume's checkpoint and catches SIGTERM/SIGINT like any Run, reads what
+    `log` is given (a non-finite loss stops it too), and calls `training_state()` whenever a checkpoint is due,
+    so that state gathered from every process is gathered on all of them, but it has no run directory, no
+    TensorBoard writer, no W&B run, no console line, and saves no checkpoint or model.
     """
 
-    def __init__(self, args, script: str | os.PathLike, run_dir: Path | None = None):
+    def __init__(self, args, script: str | os.PathLike, run_dir: Path | None = None, writes: bool = True):
+        self.writes = writes
         self.args = args
         self.script = Path(script).resolve()
         self.checkpoint = (
@@ -104,6 +111,12 @@ class Run:
 
         resumed = self.checkpoint is not None
         self.start_step = self.checkpoint["global_step"] if resumed else 0
+        self.training_state: Callable[[], dict] | None = None
+        self.next_checkpoint = None
+        self.start_time = time.time()
+        self.dir = self.name = self.writer = self.wandb_run = self.progress = None
+        if not writes:
+            return
         if resumed:
             self.dir = Path(args.resume).parent
         elif run_dir is not None:
@@ -126,9 +139,6 @@ class Run:
         self.progress = Progress(
             args.total_timesteps, start_step=self.start_step, label=f"{args.env_id} {args.exp_name}"
         )
-        self.training_state: Callable[[], dict] | None = None
-        self.next_checkpoint = None
-        self.start_time = time.time()
 
     @property
     def wandb_id(self) -> str | None:
@@ -145,9 +155,13 @@ class Run:
         every = self.args.checkpoint_every
         self.next_checkpoint = (self.start_step // every + 1) * every if every else None
         self.start_time = time.time()
-        self.progress.start_time = time.perf_counter()  # the console SPS also counts from here
+        if self.progress is not None:
+            self.progress.start_time = time.perf_counter()  # the console SPS also counts from here
 
-    def write_checkpoint(self) -> Path:
+    def write_checkpoint(self) -> Path | None:
+        if not self.writes:
+            self.training_state()  # a state gathered from several processes needs every one of them
+            return None
         self.writer.flush()  # events up to the checkpoint must be on disk: a resumed run purges the later ones
         path = self.dir / CHECKPOINT_NAME
         save_checkpoint(path, self.args, self.script.stem, wandb_id=self.wandb_id, **self.training_state())
@@ -161,17 +175,18 @@ class Run:
         tensors = [v for v in scalars.values() if isinstance(v, torch.Tensor)]
         read = iter(torch.stack([t.detach().float().reshape(()) for t in tensors]).tolist() if tensors else [])
         values = {k: next(read) if isinstance(v, torch.Tensor) else float(v) for k, v in zip(names, scalars.values())}
-        for name, value in values.items():
-            self.writer.add_scalar(name, value, step)
-        self.writer.add_scalar(
-            "charts/SPS", int((step - self.start_step) / max(time.time() - self.start_time, 1e-9)), step
-        )
-        self.log_peak_memory(step)
-        self.progress.update(step)
+        if self.writes:
+            for name, value in values.items():
+                self.writer.add_scalar(name, value, step)
+            self.writer.add_scalar(
+                "charts/SPS", int((step - self.start_step) / max(time.time() - self.start_time, 1e-9)), step
+            )
+            self.log_peak_memory(step)
+            self.progress.update(step)
         for name, value in values.items():
             if "loss" in name.rsplit("/", 1)[-1] and not math.isfinite(value):  # losses/td_loss, not losses/entropy
                 path = self.write_checkpoint()
-                fail(f"{name} is {value} at step {step}; checkpoint written to {path}")
+                fail(f"{name} is {value} at step {step}" + (f"; checkpoint written to {path}" if path else ""))
         return values
 
     def log_peak_memory(self, step: int) -> None:
@@ -184,6 +199,8 @@ class Run:
     def log_episodes(self, step: int, infos: dict | None = None, returns=None, lengths=None) -> None:
         """charts/episodic_return and charts/episodic_length of the episodes that just ended:
         from gymnasium's RecordEpisodeStatistics `infos`, or given as `returns` and `lengths`."""
+        if not self.writes:
+            return
         if infos is not None:
             if "episode" not in infos:
                 return
@@ -195,17 +212,22 @@ class Run:
             self.writer.add_scalar("charts/episodic_length", episodic_length, step)
         self.progress.add_returns(returns)
 
-    def end_iteration(self, step: int) -> None:
+    def end_iteration(self, step: int, stop: bool | None = None) -> None:
         """Write a checkpoint when --checkpoint-every steps have passed since the last one, or
-        when SIGTERM/SIGINT arrived; after a signal, close the run and exit with code 0."""
+        when SIGTERM/SIGINT arrived; after a signal, close the run and exit with code 0. `stop`, when given,
+        replaces this process's own signal flag: the processes of a distributed run pass the one they agreed on
+        (true when any of them was signalled), so that all of them checkpoint and exit at the same step."""
+        stop = bool(self.stop) if stop is None else stop
         due = self.next_checkpoint is not None and step >= self.next_checkpoint
-        if not (self.stop or due):
+        if not (stop or due):
             return
         path = self.write_checkpoint()
         if self.next_checkpoint is not None:
             self.next_checkpoint = (step // self.args.checkpoint_every + 1) * self.args.checkpoint_every
-        if self.stop:
-            print(f"\n{self.stop.received}: checkpoint written to {path}; continue with --resume {path}", flush=True)
+        if stop:
+            if self.writes:
+                signal_name = self.stop.received or "SIGTERM/SIGINT on another process"
+                print(f"\n{signal_name}: checkpoint written to {path}; continue with --resume {path}", flush=True)
             self.close()
             raise SystemExit(0)
 
@@ -213,7 +235,9 @@ class Run:
         """End the run. With --save-model, save `model` (state dicts and whatever the script's
         evaluate() needs to rebuild it) as <exp_name>.cleanrl_model, reload it with `evaluate`
         and log the returns of --eval-episodes episodes as eval/episodic_return. Last, write
-        finished.json into the run directory."""
+        finished.json into the run directory. A Run that writes nothing does nothing here."""
+        if not self.writes:
+            return
         self.progress.close(step)
         if self.args.save_model:
             model_path = self.dir / f"{self.args.exp_name}{MODEL_SUFFIX}"
@@ -235,7 +259,8 @@ class Run:
         (self.dir / FINISHED_NAME).write_text(json.dumps({"global_step": step, "finished": time.time()}) + "\n")
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None

@@ -31,6 +31,11 @@ RUNS = {
     "rainbow_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY], 300, 200),
     "ppo_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PPO_TINY], 192, 100),
     "ppo_atari_lstm.py": (["--env-id", "MinAtar/Breakout-v1", *PPO_TINY], 192, 100),
+    "ppo_atari_multigpu.py": (  # one rank: run without torchrun
+        ["--env-id", "MinAtar/Breakout-v1", "--local-num-envs", "2", *PPO_TINY[2:]],
+        192,
+        100,
+    ),
     "ppo_atari_envpool.py": (["--env-id", "Breakout-v5", *PPO_TINY], 192, 100),
     "ppo_procgen.py": (["--env-id", "StarpilotEasy-v0", *PPO_TINY], 192, 100),
     "ppg_procgen.py": (

@@ -129,6 +129,32 @@ def test_run_logs_with_one_read_checkpoints_on_schedule_and_stops_on_a_nan_loss(
     run.close()
 
 
+def test_a_run_that_writes_nothing_still_gathers_its_state_and_stops_when_told(tmp_path, monkeypatch, capsys):
+    """Run(writes=False), a distributed run's ranks other than 0: no directory, no events, no checkpoint; but
+    training_state() is called whenever a checkpoint is due (state gathered from every rank), a non-finite loss
+    stops it, and end_iteration(stop=True) (a stop agreed with the other ranks) exits 0."""
+    from cleanrl_utils.run import Run
+
+    monkeypatch.chdir(tmp_path)
+    run = Run(RunArgs(), tmp_path / "fake.py", writes=False)
+    calls = []
+    run.begin(lambda: calls.append(run.next_checkpoint) or {"global_step": 0})
+    assert run.log(10, {"losses/a_loss": torch.tensor(1.5)}) == {"losses/a_loss": 1.5}
+    run.log_episodes(10, returns=[1.0], lengths=[3])
+    run.end_iteration(99)
+    run.end_iteration(130)  # due: called, nothing written
+    assert calls == [100]
+    with pytest.raises(SystemExit) as exit_info:
+        run.end_iteration(150, stop=True)
+    assert exit_info.value.code == 0 and calls == [100, 200]
+    with pytest.raises(SystemExit) as exit_info:
+        run.log(195, {"losses/td_loss": torch.tensor(float("nan"))})
+    assert exit_info.value.code == errors.EXIT_BAD_INPUT
+    assert capsys.readouterr().err.strip().splitlines() == ["error: losses/td_loss is nan at step 195"]
+    run.finish(200)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_check_fits_refuses_what_the_device_cannot_hold(capsys):
     errors.check_fits(1_000_000, "cpu", "replay buffer", "--buffer-size")
     with pytest.raises(SystemExit):

@@ -1,0 +1,196 @@
+"""ppo_atari_multigpu.py under torchrun on the CPU (gloo), 2 ranks on MinAtar: identical parameters on every rank,
+environment seeds that differ, a --target-kl early stop in the same update on all ranks, rank 0 alone writing,
+SIGTERM to one rank stopping all of them, and the 2-rank checkpoint resumed exactly over two "nodes" (two torchrun
+launches meeting at a c10d rendezvous on localhost). Bad input, and the GPU count check.
+
+Each rank runs the unchanged script through `rank.py` below, which records the seeds the script gives its vector
+env and, when the script is done, saves that rank's agent and optimiser state for the test to compare."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import ppo_atari_multigpu
+import pytest
+import torch
+from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+
+SCRIPT = ROOT / "cleanrl" / "ppo_atari_multigpu.py"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+# 2 ranks x 2 envs x 32 steps: 128 steps an iteration, 6 iterations; a checkpoint at 512; the KL early stop after
+# the first of two epochs in every update.
+FLAGS = ["--env-id", "MinAtar/Breakout-v1", "--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2"]
+FLAGS += ["--update-epochs", "2", "--target-kl", "1e-9", "--total-timesteps", "768", "--checkpoint-every", "512"]
+FLAGS += ["--save-model", "--eval-episodes", "1"]
+ITERATIONS, MINIBATCHES = 6, 2
+RANK_WRAPPER = """
+import os, runpy, sys
+import gymnasium as gym
+import torch
+
+script, out = sys.argv[1], sys.argv[2]
+rank = os.environ.get("RANK", "0")
+open(os.path.join(out, f"pid{rank}"), "w").write(str(os.getpid()))
+seeds = []
+reset = gym.vector.SyncVectorEnv.reset
+
+
+def recording_reset(self, *, seed=None, options=None):
+    seeds.append(seed)
+    return reset(self, seed=seed, options=options)
+
+
+gym.vector.SyncVectorEnv.reset = recording_reset
+sys.argv = [script, *sys.argv[3:]]
+done = runpy.run_path(script, run_name="__main__")
+state = dict(local_rank=os.environ.get("LOCAL_RANK"), seeds=seeds[0], agent=done["agent"].state_dict())
+torch.save(dict(state, optimizer=done["optimizer"].state_dict()), os.path.join(out, f"rank{rank}.pt"))
+"""
+SCALAR_KEYS = ["charts/episodic_return", "losses/value_loss", "losses/approx_kl", "losses/explained_variance"]
+
+
+def torchrun(cwd: Path, out: Path, *launch: str, flags=FLAGS, timeout: float = 300, wait: bool = True):
+    """torchrun `launch` rank.py ppo_atari_multigpu.py `flags` in `cwd`; each rank saves its state into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    wrapper = out / "rank.py"
+    if not wrapper.exists():  # written once: the two launches of a two-node run share it
+        wrapper.write_text(RANK_WRAPPER)
+    command = [*TORCHRUN, *launch, str(wrapper), str(SCRIPT), str(out), *flags]
+    env = script_env(PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    if not wait:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def rank_states(out: Path, world_size: int = 2) -> list[dict]:
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)]
+
+
+def assert_same_parameters(states: list[dict]) -> None:
+    first = states[0]["agent"]
+    for state in states[1:]:
+        assert state["agent"].keys() == first.keys()
+        for name, tensor in state["agent"].items():
+            assert torch.equal(tensor, first[name]), name
+
+
+def adam_steps(state: dict) -> int:
+    return int(state["optimizer"]["state"][0]["step"])
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """One 2-rank run, shared by the tests below; returns its working directory."""
+    cwd = tmp_path_factory.mktemp("two_ranks")
+    torchrun(cwd, cwd / "out", "--standalone", "--nproc-per-node", "2")
+    return cwd
+
+
+def test_two_ranks_hold_identical_parameters_after_several_updates(two_ranks):
+    states = rank_states(two_ranks / "out")
+    assert_same_parameters(states)
+    initial = ppo_atari_multigpu.Agent((4, 10, 10), 3, 1.0).state_dict()  # it trained: not the initial weights
+    assert not torch.equal(states[0]["agent"]["actor.weight"], initial["actor.weight"])
+    for (name, a), b in zip(states[0]["optimizer"]["state"].items(), states[1]["optimizer"]["state"].values()):
+        assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"]), name
+
+
+def test_environment_seeds_differ_across_ranks(two_ranks):
+    seeds = [state["seeds"] for state in rank_states(two_ranks / "out")]
+    assert seeds == [[1, 2], [3, 4]]  # seed + rank x local_num_envs + i
+
+
+def test_target_kl_stops_every_rank_in_the_same_update(two_ranks):
+    # Two epochs asked for, one taken in each update, on both ranks: the Adam step counts agree (and a rank that
+    # stopped alone would have left the other waiting in its next all-reduce).
+    assert [adam_steps(state) for state in rank_states(two_ranks / "out")] == [ITERATIONS * MINIBATCHES] * 2
+
+
+def test_rank_zero_alone_writes(two_ranks):
+    (run_dir,) = run_dirs(two_ranks)
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, SCALAR_KEYS + ["charts/SPS", "eval/episodic_return"])
+    assert [step for step, _ in scalars["losses/value_loss"]] == [128 * i for i in range(1, ITERATIONS + 1)]
+    assert (run_dir / "ppo_atari_multigpu.cleanrl_model").is_file() and (run_dir / "finished.json").is_file()
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert checkpoint["global_step"] == 512 and len(checkpoint["ranks"]) == 2
+    assert all(own["envs"] is not None for own in checkpoint["ranks"])  # each rank's games, to resume exactly
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_two_rank_checkpoint_resumes_exactly_on_two_nodes(two_ranks, tmp_path):
+    """The 2-rank run's checkpoint (step 512 of 768), resumed by two torchrun launches (`--nnodes 2`, a c10d
+    rendezvous on localhost) of one rank each: both have LOCAL_RANK 0, so only the global RANK tells them apart.
+    The resumed run ends as the uninterrupted one did: the same curves, the same parameters on both ranks."""
+    (straight_dir,) = run_dirs(two_ranks)
+    run_dir = tmp_path / "runs" / straight_dir.name
+    shutil.copytree(straight_dir, run_dir)
+    endpoint = f"localhost:{free_port()}"
+    launch = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+    launch += ["--rdzv-id", "two_nodes"]
+    resume = [*FLAGS, "--resume", str(run_dir / "checkpoint.pt")]
+    nodes = [
+        torchrun(tmp_path, tmp_path / "out", *launch, "--node-rank", str(node), flags=resume, wait=False)
+        for node in (0, 1)
+    ]
+    for node in nodes:
+        out, err = node.communicate(timeout=300)
+        assert node.returncode == 0, out[-2000:] + err[-3000:]
+    states = rank_states(tmp_path / "out")
+    assert [state["local_rank"] for state in states] == ["0", "0"]
+    assert [state["seeds"] for state in states] == [[1, 2], [3, 4]]
+    assert_same_parameters(states)
+    assert_same_parameters([states[0], rank_states(two_ranks / "out")[0]])
+    assert run_dirs(tmp_path) == [run_dir]  # rank 1 wrote nothing
+    resumed, straight = read_scalars(run_dir), read_scalars(straight_dir)
+    for key in SCALAR_KEYS + ["losses/policy_loss", "charts/learning_rate"]:
+        assert resumed[key] == straight[key], key
+
+    # One rank cannot take over the games of two.
+    (tmp_path / "one").mkdir()
+    refused = run_script("ppo_atari_multigpu.py", *resume, cwd=tmp_path / "one")
+    assert_bad_input(refused, tmp_path / "one", "--world-size is 1 but the checkpointed run used 2")
+
+
+def test_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
+    flags = [*FLAGS[: FLAGS.index("--total-timesteps")], "--total-timesteps", "200000"]
+    proc = torchrun(tmp_path, tmp_path / "out", "--standalone", "--nproc-per-node", "2", flags=flags, wait=False)
+    first_line = proc.stdout.readline()  # rank 0's first progress line: training is under way
+    assert "steps (" in first_line, first_line + proc.stderr.read()
+    os.kill(int((tmp_path / "out" / "pid1").read_text()), signal.SIGTERM)  # rank 1 only
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "SIGTERM/SIGINT on another process: checkpoint written" in out
+    (run_dir,) = run_dirs(tmp_path)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert 0 < checkpoint["global_step"] < 200000 and len(checkpoint["ranks"]) == 2
+
+
+def test_bad_input_fails_in_one_line(workdir):
+    flags = ["--local-num-envs", "8", "--num-steps", "32", "--num-minibatches", "3"]
+    result = run_script("ppo_atari_multigpu.py", *flags, cwd=workdir)
+    assert_bad_input(result, workdir, "--num-minibatches 3 does not divide each rank's batch of 256")
+
+
+def test_more_ranks_on_a_machine_than_gpus_fail_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(SystemExit) as stopped:
+        ppo_atari_multigpu.validate(ppo_atari_multigpu.Args(env_id="MinAtar/Breakout-v1"), 4, 2)
+    assert stopped.value.code == 2
+    assert "2 ranks on this machine but 1 GPUs" in capsys.readouterr().err
+    ppo_atari_multigpu.validate(ppo_atari_multigpu.Args(env_id="MinAtar/Breakout-v1", cuda=False), 4, 2)
