@@ -12,12 +12,13 @@
 # Raw environment speed is a separate measurement: benchmark/point_chasing_sps.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-uv run python -m cleanrl_utils.benchmark --env-ids PointChasing-v0 --num-seeds 3 \
-    --command "uv run python cleanrl/sac_continuous_action.py --total-timesteps 100000 --checkpoint-every 10000" \
-    --output benchmark/results/point_chasing_sac
-uv run python -m cleanrl_utils.benchmark --env-ids PointChasing-v0 --num-seeds 3 \
-    --command "uv run python cleanrl/ppo_continuous_action.py --total-timesteps 1000000 --checkpoint-every 100000" \
-    --output benchmark/results/point_chasing_ppo
+# --torch-threads 1: one core per run on a shared 2-core machine (SAC with the default of both cores ran at 5 SPS
+# here beside other jobs, with one thread at 60-70 SPS); drop it on a machine of your own.
+runner="uv run python -m cleanrl_utils.benchmark --env-ids PointChasing-v0 --num-seeds 3"
+$runner --command "uv run python cleanrl/sac_continuous_action.py --total-timesteps 100000 --torch-threads 1 \
+--checkpoint-every 10000" --output benchmark/results/point_chasing_sac
+$runner --command "uv run python cleanrl/ppo_continuous_action.py --total-timesteps 1000000 --torch-threads 1 \
+--checkpoint-every 100000" --output benchmark/results/point_chasing_ppo
 runs=(runs/PointChasing-v0__sac_continuous_action__* runs/PointChasing-v0__ppo_continuous_action__*)
 uv run python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/point_chasing
 uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/point_chasing.png
