@@ -13,10 +13,9 @@ import os
 
 import impala_atari
 import pytest
+import ray
 import torch
 from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script
-
-ray = pytest.importorskip("ray")
 
 MINATAR = ["--env-id", "MinAtar/Breakout-v1", "--torch-threads", "1"]
 TINY = [*MINATAR, "--num-actors", "2", "--local-num-envs", "2", "--num-steps", "16", "--rollouts-per-update", "1"]
