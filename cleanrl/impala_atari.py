@@ -6,22 +6,25 @@ rollouts of --num-steps steps (uint8 observations, actions, behaviour log-probab
 terminations, truncations, whole-game scores) through Ray's object store; the learner (a GPU when present) trains on
 --rollouts-per-update of them with V-trace targets (rho-bar = c-bar = 1) and publishes its weights once per update.
 An actor takes the newest weights when it starts a rollout, so rollouts are a few updates old: charts/policy_lag.
-The paper's Atari settings: RMSProp, unroll 20, batch 32 unrolls, entropy 0.01, gradient norm 40, losses summed.
+A rollout holds one observation more than steps; under NEXT_STEP autoreset the observation after a game's end is its
+true final one, so the learner's value of it bootstraps a truncation. The paper's Atari settings: RMSProp, unroll 20,
+batch 32 unrolls, entropy 0.01, gradient norm 40, losses summed over the batch.
 
 Action space: Discrete. Environments: ppo_atari.py's (ALE, MinAtar with its small network; NEXT_STEP autoreset).
 Asynchronous, so not reproducible run to run; --resume restores the learner (networks, optimiser, counters) and
 the actors start fresh games. Every machine of a cluster needs this project installed (`uv sync --extra distributed`).
 
     uv run python cleanrl/impala_atari.py --env-id BreakoutNoFrameskip-v4 --num-actors 14   # one machine
-    ray start --head                                       # a cluster: this on one machine, then on the others
-    ray start --address HEAD_IP:6379                       # then, on any of them:
+    uv run ray start --head                    # a cluster: this on one machine,
+    uv run ray start --address HEAD_IP:6379    # this on each of the others, then the run on any of them:
     uv run python cleanrl/impala_atari.py --env-id BreakoutNoFrameskip-v4 --num-actors 64 --ray-address auto
 
-Returns are not measured yet (issue 16, item 3); the paper's IMPALA reaches Breakout ~600 after 200M frames.
+Returns are not measured yet (issue 16, item 3); benchmark/impala_gpu.sh measures the learner's updates/s on a GPU.
 """
 
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -34,7 +37,7 @@ import tyro
 
 from cleanrl_utils.checkpoint import StopSignal, load_model
 from cleanrl_utils.envs.atari import check_env_id, make_envs
-from cleanrl_utils.errors import check_positive, fail
+from cleanrl_utils.errors import EXIT_RUN_STOPPED, check_positive, fail
 from cleanrl_utils.run import Run
 
 
@@ -330,7 +333,15 @@ if __name__ == "__main__":
             num_cpus=max(os.cpu_count() or 1, args.num_actors), include_dashboard=False, logging_level=logging.WARNING
         )
     else:
-        ray.init(address=args.ray_address, logging_level=logging.WARNING)
+        try:
+            ray.init(address=args.ray_address, logging_level=logging.WARNING)
+        except ConnectionError as error:  # no cluster there: nothing was done, so no run directory stays behind
+            run.close()
+            if run.checkpoint is None:
+                shutil.rmtree(run.dir)
+            fail(
+                f"--ray-address {args.ray_address}: {error} (start one with `ray start --head`)", code=EXIT_RUN_STOPPED
+            )
     run.stop = StopSignal()  # ray.init replaced the SIGTERM handler: SIGTERM checkpoints and stops the run again
     probe = make_envs(args.env_id, 1)
     obs_shape = probe.single_observation_space.shape
