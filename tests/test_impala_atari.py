@@ -164,9 +164,9 @@ def test_a_rollouts_behaviour_logprobs_come_from_the_weights_it_names(cluster):
         ray.kill(actor)  # its CPU is the run's
     assert [rollout["version"] for rollout in rollouts] == [0, 1, 1]
     for rollout in rollouts:
-        obs = torch.from_numpy(rollout["obs"][:-1].copy()).flatten(0, 1)  # Ray's arrays are read-only
-        actions = torch.from_numpy(rollout["actions"]).reshape(-1, 1)
-        behaviour = torch.from_numpy(rollout["logprobs"]).reshape(-1)
+        obs = torch.tensor(rollout["obs"][:-1]).flatten(0, 1)  # copies: Ray's arrays are read-only
+        actions = torch.tensor(rollout["actions"]).reshape(-1, 1)
+        behaviour = torch.tensor(rollout["logprobs"]).reshape(-1)
         with torch.no_grad():
             own = agents[rollout["version"]](obs)[0].gather(-1, actions).squeeze(-1)
             other = agents[1 - rollout["version"]](obs)[0].gather(-1, actions).squeeze(-1)
