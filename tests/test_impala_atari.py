@@ -185,8 +185,9 @@ def test_two_actors_on_a_local_cluster_train_and_log(cluster, tmp_path):
     assert_finite_keys(scalars, keys + ["eval/episodic_return"])
     assert [step for step, _ in scalars["losses/value_loss"]] == [32 * i for i in range(1, 33)]  # 32 updates
     lags = [lag for _, lag in scalars["charts/policy_lag"]]
-    # two actors, one rollout an update, each actor's next rollout starts before the update: lags of 1 and more
-    assert lags[0] == 0 and min(lags[1:]) >= 1 and max(lags) <= 8, lags
+    # two actors, one rollout an update, each actor's next rollout starts before the update: after the first update
+    # (version 0's rollouts), lags of 1 and more (how much more depends on how the OS schedules the actors)
+    assert lags[0] == 0 and min(lags[1:]) >= 1, lags
     model = torch.load(run_dir / "impala_atari.cleanrl_model", weights_only=False)
     torch.manual_seed(1)
     initial = impala_atari.Agent(OBS_SHAPE, N_ACTIONS, 1.0).state_dict()
