@@ -259,6 +259,15 @@ class Actor:
         self.envs.close()  # writes the last video, if one is being recorded
 
 
+BATCH_FIELDS = ("obs", "actions", "logprobs", "rewards", "terminations", "truncations", "resets")
+
+
+def stack_rollouts(rollouts: list[dict], device: torch.device) -> dict[str, torch.Tensor]:
+    """The learner's batch: the rollouts' arrays side by side, [num_steps (obs: + 1), rollouts x local_num_envs, ...],
+    on the training device, with one host-to-device copy per field."""
+    return {k: torch.from_numpy(np.concatenate([r[k] for r in rollouts], axis=1)).to(device) for k in BATCH_FIELDS}
+
+
 def vtrace(
     behaviour_logprobs: torch.Tensor,
     target_logprobs: torch.Tensor,
@@ -386,14 +395,9 @@ if __name__ == "__main__":
                 run.log_episodes(global_step + (step + 1) * args.local_num_envs, returns=[score], lengths=[length])
             global_step += args.rollout_size
 
-        # 2. One batch [num_steps (+1 for obs), rollouts x local_num_envs] on the device: one copy per field
-        def field(name: str) -> torch.Tensor:
-            return torch.from_numpy(np.concatenate([r[name] for r in rollouts], axis=1)).to(device)
-
-        obs, actions, behaviour_logprobs = field("obs"), field("actions"), field("logprobs")
-        rewards, terminations, truncations, resets = (
-            field(k) for k in ("rewards", "terminations", "truncations", "resets")
-        )
+        # 2. One batch on the device, the rollouts side by side
+        batch = stack_rollouts(rollouts, device)
+        obs, actions, resets = batch["obs"], batch["actions"], batch["resets"]
         policy_lag = np.mean([update - r["version"] for r in rollouts])
 
         # 3. V-trace targets from the learner's current policy and values, and the update (losses summed, as the paper)
@@ -404,13 +408,13 @@ if __name__ == "__main__":
         target_logprobs = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         with torch.no_grad():
             vs, advantages = vtrace(
-                behaviour_logprobs,
+                batch["logprobs"],
                 target_logprobs,
-                rewards,
+                batch["rewards"],
                 values,
                 next_values,
-                terminations,
-                truncations,
+                batch["terminations"],
+                batch["truncations"],
                 args.gamma,
                 args.rho_bar,
                 args.c_bar,
