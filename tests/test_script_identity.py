@@ -36,6 +36,12 @@ RUNS = {
         192,
         100,
     ),
+    "impala_atari.py": (  # one actor on a Ray cluster of this machine
+        ["--env-id", "MinAtar/Breakout-v1", "--num-actors", "1", "--local-num-envs", "2", "--num-steps", "16"]
+        + ["--rollouts-per-update", "1"],
+        128,
+        96,
+    ),
     "ppo_atari_envpool.py": (["--env-id", "Breakout-v5", *PPO_TINY], 192, 100),
     "ppo_procgen.py": (["--env-id", "StarpilotEasy-v0", *PPO_TINY], 192, 100),
     "ppg_procgen.py": (
