@@ -78,9 +78,9 @@ def import_dynamo_with_gc_paused() -> None:
     """Import torch._dynamo now, with the garbage collector paused. Every script pays this import anyway: torch.optim
     runs `import torch._dynamo` when an optimizer is built and in every step() (torch 2.15: the torch._disable_dynamo
     wrapper on Optimizer.add_param_group, _use_grad_for_differentiable on step), ~1.3 s CPU here. Paused, the
-    collector skips its full passes over the ~120k objects the import creates: 1.33 -> 1.06 s CPU for that import,
-    median of 5 alternated (benchmark/results/speed.md, "Start-up"). Called before seeding, so it cannot shift a seeded
-    random stream."""
+    collector skips its full passes over the ~100k objects the import creates: 1.33 -> 1.06 s CPU for that import,
+    a whole 512-step ppo.py 5.16 -> 4.63 s CPU, +7 MB peak (medians of 5 alternated; benchmark/results/speed.md,
+    "Start-up"). Called before seeding, so it cannot shift a seeded random stream."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
