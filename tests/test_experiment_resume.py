@@ -171,6 +171,9 @@ def test_ctrl_c_on_the_tuner_queues_its_trial_again_in_one_line(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # Ctrl-C as in a terminal: SIGINT at its default even when pytest itself was started in the background by
+        # a non-interactive shell (which starts it with SIGINT ignored, so no KeyboardInterrupt would ever come)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while not list((tmp_path / "tuning" / "stopped" / "trial_0").glob("*.log")):
