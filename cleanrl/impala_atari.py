@@ -10,16 +10,15 @@ A rollout holds one observation more than steps; under NEXT_STEP autoreset the o
 true final one, so the learner's value of it bootstraps a truncation. The paper's Atari settings: RMSProp, unroll 20,
 batch 32 unrolls, entropy 0.01, gradient norm 40, losses summed over the batch.
 
-Action space: Discrete. Environments: ppo_atari.py's (ALE, MinAtar with its small network; NEXT_STEP autoreset).
-Asynchronous, so not reproducible run to run; --resume restores the learner (networks, optimiser, counters) and
-the actors start fresh games. Every machine of a cluster needs this project installed (`uv sync --extra distributed`).
+Action space: Discrete; ppo_atari.py's environments. Asynchronous, so not reproducible run to run; --resume
+restores the learner and the actors start fresh games. Every machine of a cluster needs `uv sync --extra distributed`.
 
     uv run python cleanrl/impala_atari.py --env-id BreakoutNoFrameskip-v4 --num-actors 14   # one machine
     uv run ray start --head                    # a cluster: this on one machine,
     uv run ray start --address HEAD_IP:6379    # this on each of the others, then the run on any of them:
     uv run python cleanrl/impala_atari.py --env-id BreakoutNoFrameskip-v4 --num-actors 64 --ray-address auto
 
-Returns are not measured yet (issue 16, item 3); benchmark/impala_gpu.sh measures the learner's updates/s on a GPU.
+Returns: benchmark/impala_atari.sh (MinAtar, 1-4 actors beside ppo_atari); learner updates/s: benchmark/impala_gpu.sh.
 """
 
 import logging
