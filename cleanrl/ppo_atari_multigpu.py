@@ -286,6 +286,15 @@ def global_mean_std(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mean.to(x.dtype), var.clamp_min(0).sqrt().to(x.dtype)
 
 
+def kl_says_stop(approx_kl: torch.Tensor, target_kl: float) -> bool:
+    """The early stop, decided on the approx KL averaged over the ranks, so that all of them stop in this epoch or
+    none does (a rank stopping alone would leave the others waiting in their next all-reduce): one all-reduce and one
+    host read per epoch, only when --target-kl is set."""
+    mean_kl = approx_kl.clone()
+    dist.all_reduce(mean_kl)
+    return mean_kl.item() / dist.get_world_size() > target_kl
+
+
 def update_minibatch(agent: Agent, optimizer: torch.optim.Optimizer, mb: Batch, args: Args) -> dict[str, torch.Tensor]:
     """One gradient step of the clipped PPO loss on this rank's share `mb` of the minibatch, with the gradient
     averaged over all ranks before it is clipped. Returns this rank's losses and statistics, detached."""
@@ -459,13 +468,8 @@ if __name__ == "__main__":
                 stats = update_minibatch(agent, optimizer, batch.take(mb_inds), args)
                 clipped += stats["clipfrac"]
 
-            # The early stop reads the approx KL averaged over the ranks, so that all of them stop in this epoch or
-            # none does: one all-reduce and one host read per epoch, only when asked for.
-            if args.target_kl is not None:
-                approx_kl = stats["approx_kl"].clone()
-                dist.all_reduce(approx_kl)
-                if approx_kl.item() / world_size > args.target_kl:
-                    break
+            if args.target_kl is not None and kl_says_stop(stats["approx_kl"], args.target_kl):
+                break
 
         # 4. Agree, in one all-reduce per iteration, on the statistics logged (their means over the ranks) and on
         # whether any rank received SIGTERM/SIGINT, so that all of them checkpoint and stop at the same step. Rank 0

@@ -1,7 +1,8 @@
 """ppo_atari_multigpu.py under torchrun on the CPU (gloo), 2 ranks on MinAtar: identical parameters on every rank,
 environment seeds that differ, a --target-kl early stop in the same update on all ranks, rank 0 alone writing,
 SIGTERM to one rank stopping all of them, and the 2-rank checkpoint resumed exactly over two "nodes" (two torchrun
-launches meeting at a c10d rendezvous on localhost). Bad input, and the GPU count check.
+launches meeting at a c10d rendezvous on localhost). The script's collectives (the KL early stop, the global mean
+and std, the gradient average) on two spawned gloo ranks whose inputs differ. Bad input, and the GPU count check.
 
 Each rank runs the unchanged script through `rank.py` below, which records the seeds the script gives its vector
 env and, when the script is done, saves that rank's agent and optimiser state for the test to compare."""
@@ -106,6 +107,40 @@ def test_two_ranks_hold_identical_parameters_after_several_updates(two_ranks):
 def test_environment_seeds_differ_across_ranks(two_ranks):
     seeds = [state["seeds"] for state in rank_states(two_ranks / "out")]
     assert seeds == [[1, 2], [3, 4]]  # seed + rank x local_num_envs + i
+
+
+def collectives_on_one_rank(rank: int, init_method: str, results) -> None:
+    """Rank `rank` of 2 (gloo, spawned): the script's three collectives on inputs that differ between the ranks."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
+    # The early stop: local approx KLs 0.0 and 1.0, mean 0.5; a per-rank decision would split the ranks.
+    stops = [ppo_atari_multigpu.kl_says_stop(torch.tensor(float(rank)), target) for target in (0.4, 0.6)]
+    x = torch.arange(3.0) + 10 * rank  # rank 0: 0 1 2; rank 1: 10 11 12
+    mean, std = ppo_atari_multigpu.global_mean_std(x)
+    torch.manual_seed(rank)
+    agent = ppo_atari_multigpu.Agent((4, 10, 10), 3, 1.0)
+    for param in agent.parameters():
+        param.grad = torch.full_like(param, float(rank))  # rank 0: zeros, rank 1: ones
+    ppo_atari_multigpu.average_gradients(agent)
+    grads = {name: param.grad.unique().tolist() for name, param in agent.named_parameters()}
+    results[rank] = dict(stops=stops, mean=mean.item(), std=std.item(), grads=grads)
+    dist.destroy_process_group()
+
+
+def test_collectives_agree_on_every_rank_when_their_inputs_differ(tmp_path):
+    """kl_says_stop, global_mean_std and average_gradients on 2 gloo ranks against plain references: every rank
+    gets the value of the ranks' data together (a rank's own value would differ)."""
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    mp.spawn(collectives_on_one_rank, args=(f"file://{tmp_path / 'rendezvous'}", results), nprocs=2)
+    everything = torch.tensor([0.0, 1, 2, 10, 11, 12])
+    for rank in (0, 1):
+        assert results[rank]["stops"] == [True, False], rank
+        assert results[rank]["mean"] == pytest.approx(everything.mean().item())
+        assert results[rank]["std"] == pytest.approx(everything.std().item())
+        assert set(map(tuple, results[rank]["grads"].values())) == {(0.5,)}
 
 
 def test_target_kl_stops_every_rank_in_the_same_update(two_ranks):
