@@ -9,6 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=196608
+# A checkpoint every iteration (16,384 steps): stopped, the same command again skips the finished seeds and
+# continues the others from their checkpoints.
+KEEP="--checkpoint-every 16384"
 part="$1"
 first="${2:-1}"
 seeds=$(( ${3:-3} - first + 1 ))
@@ -18,8 +21,8 @@ run() {
 }
 case "$part" in
     random) run "uv run --extra envpool python benchmark/random_policy_pixels.py --num-envs 64 --total-timesteps $STEPS" ;;
-    ppo) run "uv run --extra envpool python cleanrl/ppo_procgen.py --total-timesteps $STEPS" ;;
-    ppg) run "uv run --extra envpool python cleanrl/ppg_procgen.py --total-timesteps $STEPS --n-iteration 4" ;;
+    ppo) run "uv run --extra envpool python cleanrl/ppo_procgen.py --total-timesteps $STEPS $KEEP" ;;
+    ppg) run "uv run --extra envpool python cleanrl/ppg_procgen.py --total-timesteps $STEPS --n-iteration 4 $KEEP" ;;
     table)
         runs=(runs/StarpilotEasy-v0__ppo_procgen__* runs/StarpilotEasy-v0__ppg_procgen__*
             runs/StarpilotEasy-v0__random_policy__*)

@@ -6,10 +6,10 @@
 # [-10, 10], noisy sigma0 0.5, a gradient step every 4 steps) as the defaults.
 # Results: benchmark/results/rainbow_atari.md and rainbow_atari.png, beside benchmark/results/dqn_atari.md.
 # Checkpointed every 50k steps: stopped, the same command again skips the finished seeds and continues the others
-# from their checkpoints. One torch thread: the runs share the 2 cores with another job.
+# from their checkpoints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MINATAR="--total-timesteps 1000000 --buffer-size 100000 --learning-starts 5000 --target-network-frequency 1000 --learning-rate 1e-4 --checkpoint-every 50000 --torch-threads 1"
+MINATAR="--total-timesteps 1000000 --buffer-size 100000 --learning-starts 5000 --target-network-frequency 1000 --learning-rate 1e-4 --checkpoint-every 50000"
 uv run --extra atari python -m cleanrl_utils.benchmark --env-ids MinAtar/Breakout-v1 MinAtar/SpaceInvaders-v1 \
     --command "uv run --extra atari python cleanrl/rainbow_atari.py $MINATAR" --num-seeds 3 --workers "${WORKERS:-1}" \
     --output benchmark/results/rainbow_atari

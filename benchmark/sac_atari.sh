@@ -5,10 +5,10 @@
 # learning rates 3e-4, autotuned alpha towards 0.89 of the maximum entropy) as CleanRL.
 # Results: benchmark/results/sac_atari.md and sac_atari.png, beside benchmark/results/minatar_random.md.
 # Checkpointed every 50k steps: stopped, the same command again skips the finished seeds and continues the others
-# from their checkpoints. One torch thread: the runs share the 2 cores with another job.
+# from their checkpoints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MINATAR="--total-timesteps 1000000 --buffer-size 100000 --learning-starts 5000 --checkpoint-every 50000 --torch-threads 1"
+MINATAR="--total-timesteps 1000000 --buffer-size 100000 --learning-starts 5000 --checkpoint-every 50000"
 uv run --extra atari python -m cleanrl_utils.benchmark --env-ids MinAtar/Breakout-v1 MinAtar/SpaceInvaders-v1 \
     --command "uv run --extra atari python cleanrl/sac_atari.py $MINATAR" --num-seeds 3 --workers "${WORKERS:-1}" \
     --output benchmark/results/sac_atari
