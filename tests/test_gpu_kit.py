@@ -158,7 +158,7 @@ def test_run_all_tiny_cpu_mode(tmp_path):
         timeout=900,
     )
     summary = (results / "gpu_run_all.md").read_text()
-    for item in ("ppo_isaacgym", "mappo", "stock_trading", "elegant", "pixels"):
+    for item in ("ppo_isaacgym", "compile_table", "mappo", "stock_trading", "elegant", "pixels", "impala"):
         assert f"| {item} | ok |" in summary, result.stdout[-3000:] + result.stderr[-3000:]
     assert "| Ant | MuJoCo Warp" in (results / "ppo_isaacgym_gpu.md").read_text()
     assert "| 8 |" in (results / "mappo_gpu.md").read_text()
@@ -167,11 +167,12 @@ def test_run_all_tiny_cpu_mode(tmp_path):
     for script in ("dqn_atari", "pqn_atari", "ppo_atari_envpool", "ppo_procgen", "redq_continuous_action"):
         log = next(results.glob(f"{script}_gpu.log")).read_text()
         assert "Traceback" not in log and "100%" in log, log[-2000:]
+    assert "| MinAtar-Breakout-v1 | --no-cuda --num-actors 2" in (results / "impala_gpu.md").read_text()
     table = (results / "compile_tiny.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| ppo | CartPole-v1 |"))
     cells = [c.strip() for c in row.split("|")[1:-1]]
     assert cells[2].endswith("(256 steps)") and float(cells[2].split()[0].replace(",", "")) > 0  # eager
-    assert "needs CUDA" in cells[4] or "cudagraphs" in cells[4]  # --cudagraphs is refused on a CPU
+    assert cells[4].startswith("refused:") and "--cudagraphs needs a CUDA GPU" in cells[4]  # on a CPU
     assert cells[3].endswith("(256 steps)") and float(cells[3].split()[0].replace(",", "")) > 0  # --compile
     assert not list(tmp_path.glob("benchmark/results"))  # nothing written beside the copied scripts
 

@@ -57,6 +57,7 @@ PACKAGES = [
     "envpool",  # ppo_atari_envpool, ppo_procgen
     "stockstats",  # StockTrading-v0's indicators
     "skfolio",  # StockTrading-v0's default prices: read as a file, never imported (no dependencies wanted)
+    "ray",  # impala_atari's actors (benchmark/impala_gpu.sh)
 ]
 # Never in the wheelhouse: the node's torch stays, with what only torch pulls in.
 NEVER = {"torch", "triton", "nvidia-*", "cuda-*"}

@@ -12,6 +12,8 @@
 #   stock_trading   12  StockTrading-v0's raw SPS at 4096 and 65536 portfolios
 #   elegant         35  PointChasing-v0's raw SPS; REDQ and SAC on Hopper-v5 for 12 s each (ELEGANT_SECONDS)
 #   pixels          45  dqn_atari, pqn_atari, ppo_atari_envpool, ppo_procgen for 10 s each (PIXELS_SECONDS)
+#   impala          75  14 Ray CPU actors feeding the GPU learner on Breakout, 60 s (IMPALA_SECONDS); runs only if
+#                       the items above left the time (alone: bash benchmark/impala_gpu.sh, 180 s)
 # An item that would end past DEADLINE (570 s after the start) is skipped and says so; one that fails is reported
 # and the next one runs. The summary (also $RESULTS/gpu_run_all.md) lists each item's status and time.
 set -uo pipefail
@@ -55,6 +57,7 @@ if ((tiny)); then
         --output "$RESULTS/stock_trading_sps_gpu.md"
     item elegant 0 bash benchmark/elegant_gpu.sh
     item pixels 0 bash benchmark/pixels_gpu.sh
+    item impala 0 env TINY=1 bash benchmark/impala_gpu.sh
 else
     $PYTHON -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())" ||
         exit 1
@@ -67,6 +70,7 @@ else
         --seconds 2 --output "$RESULTS/stock_trading_sps_gpu.md"
     item elegant 35 env SECONDS_PER_RUN="${ELEGANT_SECONDS:-12}" SPS_SECONDS=1 bash benchmark/elegant_gpu.sh
     item pixels 45 env SECONDS_PER_RUN="${PIXELS_SECONDS:-10}" bash benchmark/pixels_gpu.sh
+    item impala 75 env SECONDS_PER_RUN="${IMPALA_SECONDS:-60}" bash benchmark/impala_gpu.sh
 fi
 
 {
