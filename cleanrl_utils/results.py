@@ -7,7 +7,8 @@ Per environment and script: the number of seeds, the score (the mean of the last
 returns of each run, then mean +- std across runs; `--last-episodes Pendulum-v1=10` scores an
 environment on fewer, for short runs whose early episodes are the random warm-up), the training steps,
 the wall time of a run
-(first to last TensorBoard event) and its SPS (total steps / wall time). The machine is written
+(first to last TensorBoard event of each of its processes: a resumed run's pause is left out) and its SPS (total
+steps / wall time). The machine is written
 under the table.
 
 The readers here (finding run directories below a folder, reading one scalar series, telling
@@ -99,6 +100,19 @@ def load_events(run_dir: Path):
     return acc
 
 
+def training_seconds(run_dir: Path) -> float:
+    """The wall time a run spent training: first to last scalar event of each of its events files (each process
+    writes one, so a resumed run has one per resume), summed. The time between a stop and its resume is left out;
+    the steps a resume redoes (from its checkpoint to where the stopped process had got) are counted as time."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    total = 0.0
+    for path in sorted(run_dir.glob(EVENTS_GLOB)):
+        times = [event.wall_time for event in EventFileLoader(str(path)).Load() if event.HasField("summary")]
+        total += max(times) - min(times) if times else 0.0
+    return total
+
+
 def read_scalar(run_dir: Path, tag: str, acc=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(steps, wall times, values) of the scalar `tag` of a run; RunError naming the known tags
     when the run has no such scalar."""
@@ -144,9 +158,8 @@ def read_summary(run_dir: Path, last_n: int = 100) -> RunSummary:
     if "charts/episodic_return" not in acc.Tags()["scalars"]:
         raise RunError(f"{run_dir}: no charts/episodic_return events")
     returns = acc.Scalars("charts/episodic_return")
-    every_event = [e for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)]
-    wall_time = max(e.wall_time for e in every_event) - min(e.wall_time for e in every_event)
-    steps = max(e.step for e in every_event)
+    steps = max(e.step for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag))
+    wall_time = training_seconds(run_dir)
     score = float(np.mean([e.value for e in returns[-last_n:]]))
     memory = acc.Scalars("perf/peak_memory_gb") if "perf/peak_memory_gb" in acc.Tags()["scalars"] else []
     peak = max(e.value for e in memory) if memory else None
@@ -230,7 +243,8 @@ def markdown_table(rows: list[dict], machine: str) -> str:
         "Return: mean of each run's last episodic returns (as many as the scored-episodes column says), "
         "then mean +- std across seeds. "
         + ("Return IQM: the interquartile mean of the seeds' scores. " if "return IQM" in header else "")
-        + "Wall time: first to last TensorBoard event of a run (after start-up). SPS: steps / wall time. "
+        + "Wall time: first to last TensorBoard event of a run (after start-up; a resumed run: of each of its "
+        "processes, summed). SPS: steps / wall time. "
         "Peak memory: the largest peak resident host memory of the seeds' processes."
     )
     return "\n".join(lines) + f"\n\n{note}\n\nMachine: {machine}\n"

@@ -270,6 +270,21 @@ def test_results_table_matches_hand_computed_numbers(tmp_path):
     assert (tmp_path / "out" / "ppo.csv").read_text().splitlines()[0].startswith("script,environment")
 
 
+def test_results_leave_the_pause_of_a_resumed_run_out_of_its_wall_time(tmp_path):
+    # A run of 100 steps a second, stopped at step 500 and resumed from its checkpoint at step 400 an hour later:
+    # two events files (two processes); its wall time is the sum of their spans, 49 + 59 s, not the ~3,700 s
+    # from its first event to its last.
+    run_dir = make_run(tmp_path, "CartPole-v1", 1, [1.0] * 50)  # steps 10 .. 500, wall times 100 .. 149
+    resumed = SummaryWriter(str(run_dir), purge_step=400)
+    for i, step in enumerate(range(410, 1010, 10)):  # steps 410 .. 1000, wall times 3700 .. 3759
+        resumed.add_scalar("charts/episodic_return", 3.0, step, walltime=3700.0 + i)
+    resumed.close()
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2
+    assert results.training_seconds(run_dir) == pytest.approx(108.0)
+    (row,) = results.aggregate([results.summarize_run(run_dir)])
+    assert row["steps"] == 1000 and row["wall time (s)"] == "108" and row["SPS"] == "9"
+
+
 def test_results_report_the_largest_peak_memory_of_the_seeds(tmp_path):
     a = make_run(tmp_path, "MinAtar/Breakout-v1", 1, [1.0] * 10, exp_name="dqn_atari")
     b = make_run(tmp_path, "MinAtar/Breakout-v1", 2, [3.0] * 10, exp_name="dqn_atari")
