@@ -7,18 +7,19 @@
 #    the environment steps each run needs until the mean of its last 10 episodic returns reaches -200
 #    (benchmark/steps_to_threshold.py: per seed, then mean +- std over the seeds that got there), and the usual
 #    table of final returns.
-# 2. Hopper-v5, seed 1, both at the same budget (HOPPER_STEPS, default 40000; each script's defaults otherwise:
-#    5000 random steps), named redq_<steps> and sac_<steps> (--exp-name) so that budgets are not mixed.
+# 2. Hopper-v5, seed 1, both at the same small budget (HOPPER_STEPS, default 12000; each script's defaults
+#    otherwise: 5000 random steps). That is all the CPU allows for REDQ in a session: see the cost below.
 #
-# Cost, one torch thread, the other core busy with a second benchmark (2026-12-02): REDQ's 20 critic steps of 10
-# critics at batch 256 run at about 8 SPS once learning (about 10x SAC's ~80): a Pendulum seed in about 10 min of
-# learning, Hopper-v5 at 40k steps in about 75 min. (An earlier, more loaded session measured 2.3 SPS.)
+# Cost, one torch thread on the shared 2-core machine: REDQ's 20 critic steps of 10 critics at batch 256 take
+# about 0.4 s per environment step (2-3 SPS once learning, measured twice with a second benchmark on the other
+# core; about 30x SAC's ~80 SPS): about 40 min per Pendulum seed, 45-60 min for Hopper-v5 at 12k steps, and
+# about 4 h at 40k. SAC: under 10 min per Pendulum seed.
 # Parts can run apart: bash benchmark/redq.sh pendulum_redq|pendulum_sac|hopper|table (no argument: all of them).
 # Results: benchmark/results/redq.md (final returns), redq_steps.md (steps to -200) and redq.png.
 # --torch-threads 1: these runs share the machine with other jobs; drop it on a machine of your own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-hopper_steps="${HOPPER_STEPS:-40000}"
+hopper_steps="${HOPPER_STEPS:-12000}"
 # One run at a time through the benchmark runner, checkpointed: killed (or out of session time), the same command
 # again skips the finished seeds and continues the others from their checkpoints.
 runner() {  # name, uv extra flags, then the runner's flags
@@ -36,14 +37,14 @@ pendulum_sac() {
 }
 hopper() {
     local mujoco="uv run --extra mujoco python cleanrl"
-    runner hopper_redq "--extra mujoco" --env-ids Hopper-v5 --num-seeds 1 --command "$mujoco/redq_continuous_action.py \
---total-timesteps $hopper_steps --torch-threads 1 --exp-name redq_$hopper_steps --checkpoint-every 1000"
+    runner hopper_redq "--extra mujoco" --env-ids Hopper-v5 --num-seeds 1 --command \
+        "$mujoco/redq_continuous_action.py --total-timesteps $hopper_steps --torch-threads 1 --checkpoint-every 1000"
     runner hopper_sac "--extra mujoco" --env-ids Hopper-v5 --num-seeds 1 --command "$mujoco/sac_continuous_action.py \
 --total-timesteps $hopper_steps --torch-threads 1 --exp-name sac_$hopper_steps --checkpoint-every 2000"
 }
 table() {
     pendulum=(runs/Pendulum-v1__redq_continuous_action__* runs/Pendulum-v1__sac_ls1000__*)
-    hopper=("runs/Hopper-v5__redq_${hopper_steps}__"* "runs/Hopper-v5__sac_${hopper_steps}__"*)
+    hopper=(runs/Hopper-v5__redq_continuous_action__* "runs/Hopper-v5__sac_${hopper_steps}__"*)
     uv run python benchmark/steps_to_threshold.py "${pendulum[@]}" --threshold -200 --window 10 \
         --output benchmark/results/redq_steps
     uv run python -m cleanrl_utils.results "${pendulum[@]}" "${hopper[@]}" --last-episodes Pendulum-v1=10 \
