@@ -47,7 +47,7 @@ table() {
     hopper=(runs/Hopper-v5__redq_continuous_action__* "runs/Hopper-v5__sac_${hopper_steps}__"*)
     uv run python benchmark/steps_to_threshold.py "${pendulum[@]}" --threshold -200 --window 10 \
         --output benchmark/results/redq_steps
-    uv run python -m cleanrl_utils.results "${pendulum[@]}" "${hopper[@]}" --last-episodes Pendulum-v1=10 \
+    uv run python -m cleanrl_utils.results "${pendulum[@]}" "${hopper[@]}" --last-episodes Pendulum-v1=10 --last-episodes Hopper-v5=10 \
         --output benchmark/results/redq
     uv run python -m cleanrl_utils.plot "${pendulum[@]}" "${hopper[@]}" --output benchmark/results/redq.png
 }
