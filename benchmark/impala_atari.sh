@@ -16,5 +16,5 @@ for actors in 1 2 4; do
 done
 runs=(runs/MinAtar-Breakout-v1__impala_1actor__* runs/MinAtar-Breakout-v1__impala_2actor__*
     runs/MinAtar-Breakout-v1__impala_4actor__* runs/MinAtar-Breakout-v1__ppo_atari__*)
-uv run python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/impala_atari
+uv run python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/impala_atari --mean charts/policy_lag
 uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/impala_atari.png

@@ -8,8 +8,8 @@ returns of each run, then mean +- std across runs; `--last-episodes Pendulum-v1=
 environment on fewer, for short runs whose early episodes are the random warm-up), the training steps,
 the wall time of a run
 (first to last TensorBoard event of each of its processes: a resumed run's pause is left out) and its SPS (total
-steps / wall time). The machine is written
-under the table.
+steps / wall time); with `--mean charts/policy_lag`, a column of that scalar's mean over a run, then over seeds. The
+machine is written under the table.
 
 The readers here (finding run directories below a folder, reading one scalar series, telling
 which run directories a command created) are shared by the benchmark runner, the plotting
@@ -24,7 +24,7 @@ import json
 import os
 import platform
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +42,7 @@ class RunSummary:
     wall_time: float
     last_n: int = 100  # the score is the mean of this many last episodic returns
     peak_memory_gb: float | None = None  # the host's peak resident memory (perf/peak_memory_gb), where logged
+    means: dict[str, float] = field(default_factory=dict)  # tag -> the mean of that scalar over the run (--mean)
 
     @property
     def sps(self) -> float:
@@ -148,7 +149,7 @@ def new_run_dirs(root: Path, before: set[Path], env_id: str | None = None, seed:
     return found
 
 
-def read_summary(run_dir: Path, last_n: int = 100) -> RunSummary:
+def read_summary(run_dir: Path, last_n: int = 100, means: tuple[str, ...] = ()) -> RunSummary:
     """Like summarize_run, but raises RunError instead of exiting."""
     args_file = run_dir / "args.json"
     if not args_file.is_file():
@@ -161,16 +162,18 @@ def read_summary(run_dir: Path, last_n: int = 100) -> RunSummary:
     steps = max(e.step for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag))
     wall_time = training_seconds(run_dir)
     score = float(np.mean([e.value for e in returns[-last_n:]]))
-    memory = acc.Scalars("perf/peak_memory_gb") if "perf/peak_memory_gb" in acc.Tags()["scalars"] else []
+    scalar_tags = acc.Tags()["scalars"]
+    memory = acc.Scalars("perf/peak_memory_gb") if "perf/peak_memory_gb" in scalar_tags else []
     peak = max(e.value for e in memory) if memory else None
-    return RunSummary(args["env_id"], args["exp_name"], args["seed"], steps, score, wall_time, last_n, peak)
+    tag_means = {tag: float(np.mean([e.value for e in acc.Scalars(tag)])) for tag in means if tag in scalar_tags}
+    return RunSummary(args["env_id"], args["exp_name"], args["seed"], steps, score, wall_time, last_n, peak, tag_means)
 
 
-def summarize_run(run_dir: Path, last_n: int = 100) -> RunSummary:
+def summarize_run(run_dir: Path, last_n: int = 100, means: tuple[str, ...] = ()) -> RunSummary:
     """The summary of one run; a run directory without args.json or episodic returns stops the
-    program with one line on stderr."""
+    program with one line on stderr. A `means` tag the run lacks is left out of its means."""
     try:
-        return read_summary(run_dir, last_n)
+        return read_summary(run_dir, last_n, means)
     except RunError as error:
         fail(str(error))
 
@@ -227,6 +230,8 @@ def aggregate(summaries: list[RunSummary]) -> list[dict]:
         peaks = [r.peak_memory_gb for r in runs if r.peak_memory_gb is not None]
         if peaks:
             rows[-1]["peak memory (GB)"] = f"{max(peaks):.2f}"
+        for tag in dict.fromkeys(tag for r in runs for tag in r.means):
+            rows[-1][f"mean {tag}"] = f"{np.mean([r.means[tag] for r in runs if tag in r.means]):.2f}"
     return rows
 
 
@@ -237,6 +242,7 @@ def columns(rows: list[dict]) -> list[str]:
 
 def markdown_table(rows: list[dict], machine: str) -> str:
     header = columns(rows)
+    means = any(h.startswith("mean ") for h in header)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(row.get(h, "")) for h in header) + " |" for row in rows]
     note = (
@@ -246,6 +252,7 @@ def markdown_table(rows: list[dict], machine: str) -> str:
         + "Wall time: first to last TensorBoard event of a run (after start-up; a resumed run: of each of its "
         "processes, summed). SPS: steps / wall time. "
         "Peak memory: the largest peak resident host memory of the seeds' processes."
+        + (" Mean TAG: that scalar's mean over each run, then over the seeds that logged it." if means else "")
     )
     return "\n".join(lines) + f"\n\n{note}\n\nMachine: {machine}\n"
 
@@ -286,6 +293,9 @@ def main(argv: list[str] | None = None) -> None:
         metavar="[ENV_ID=]N",
         help="score runs on their last N episodic returns (default 100); ENV_ID=N for one environment only",
     )
+    parser.add_argument(
+        "--mean", nargs="*", default=[], metavar="TAG", help="add a column per TAG: its mean over a run, over seeds"
+    )
     args = parser.parse_args(argv)
     last_n = parse_last_episodes(args.last_episodes)
     try:
@@ -295,7 +305,10 @@ def main(argv: list[str] | None = None) -> None:
     summaries = []
     for run_dir in run_dirs:
         env_id = run_info(run_dir)["env_id"] if (run_dir / "args.json").is_file() else None
-        summaries.append(summarize_run(run_dir, last_n.get(env_id, last_n[None])))
+        summaries.append(summarize_run(run_dir, last_n.get(env_id, last_n[None]), tuple(args.mean)))
+    for tag in args.mean:
+        if not any(tag in summary.means for summary in summaries):
+            fail(f"--mean {tag}: none of the {len(summaries)} runs logged that scalar")
     rows = aggregate(summaries)
     write_tables(rows, args.output, machine_description())
     print(args.output.with_suffix(".md").read_text())

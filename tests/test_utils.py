@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from cleanrl_utils import checkpoint, errors, progress, results
+from cleanrl_utils import archive, checkpoint, errors, progress, results
 
 
 def test_save_atomic_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypatch):
@@ -285,6 +285,35 @@ def test_results_leave_the_pause_of_a_resumed_run_out_of_its_wall_time(tmp_path)
     assert row["steps"] == 1000 and row["wall time (s)"] == "108" and row["SPS"] == "9"
 
 
+def test_archive_keeps_what_the_tables_read_and_drops_the_rest(tmp_path, capsys):
+    # A resumed run (two events files) that also logged episode lengths and losses: its archived copy holds only the
+    # returns, perf/ and the end events, and gives the same table row (score, steps, wall time, peak memory).
+    run_dir = make_run(tmp_path / "runs", "CartPole-v1", 1, [float(i) for i in range(150)])  # steps 10 .. 1500
+    writer = SummaryWriter(str(run_dir), purge_step=1200)
+    for i, step in enumerate(range(1200, 2001, 10)):
+        writer.add_scalar("charts/episodic_return", 7.0, step, walltime=500.0 + i)
+        writer.add_scalar("charts/episodic_length", 30.0, step, walltime=500.0 + i)
+        writer.add_scalar("losses/td_loss", 0.5, step, walltime=500.0 + i)
+    writer.add_scalar("perf/peak_memory_gb", 1.5, 2000, walltime=581.0)
+    writer.add_scalar("losses/td_loss", 0.25, 2010, walltime=590.0)  # the largest step and the last event
+    writer.close()
+    with pytest.raises(SystemExit):  # not finished yet
+        archive.main([str(run_dir), "--to", str(tmp_path / "kept")])
+    assert "not finished" in capsys.readouterr().err and not (tmp_path / "kept").exists()
+    (run_dir / results.FINISHED_NAME).write_text("{}")
+    (run_dir / "checkpoint.pt").write_text("large")
+    archive.main([str(tmp_path / "runs"), "--to", str(tmp_path / "kept")])
+    copy = tmp_path / "kept" / run_dir.name
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run_dir.iterdir() if p.suffix != ".pt")
+    original, kept = results.read_summary(run_dir), results.read_summary(copy)
+    assert kept == original and (kept.steps, kept.peak_memory_gb) == (2010, 1.5)
+    assert kept.wall_time == pytest.approx(149.0 + 90.0)
+    scalars = results.load_events(copy).Tags()["scalars"]
+    assert sorted(scalars) == ["charts/episodic_return", "losses/td_loss", "perf/peak_memory_gb"]
+    assert len(results.read_scalar(copy, "losses/td_loss")[0]) == 1  # only the last event of the file
+    assert len(results.read_scalar(copy, "charts/episodic_return")[0]) == 119 + 81  # 1200-1500 purged
+
+
 def test_results_report_the_largest_peak_memory_of_the_seeds(tmp_path):
     a = make_run(tmp_path, "MinAtar/Breakout-v1", 1, [1.0] * 10, exp_name="dqn_atari")
     b = make_run(tmp_path, "MinAtar/Breakout-v1", 2, [3.0] * 10, exp_name="dqn_atari")
@@ -312,6 +341,22 @@ def test_run_logs_its_peak_memory(tmp_path):
     peak = read_scalars(tmp_path / "run")["perf/peak_memory_gb"]
     # A process that imported torch holds some hundreds of MB; the host has 24 GB.
     assert len(peak) == 1 and 0.05 < peak[0][1] < 24
+
+
+def test_results_mean_column_averages_a_scalar_over_each_run_then_the_seeds(tmp_path, capsys):
+    for seed, lags in ((1, [0.0, 1.0, 2.0]), (2, [2.0, 2.0, 2.0])):  # run means 1 and 2
+        writer = SummaryWriter(str(make_run(tmp_path / "runs", "MinAtar/Breakout-v1", seed, [1.0] * 5, "impala")))
+        for step, lag in enumerate(lags):
+            writer.add_scalar("charts/policy_lag", lag, step * 10)
+        writer.close()
+    make_run(tmp_path / "runs", "MinAtar/Breakout-v1", 1, [2.0] * 5, "ppo_atari")  # logs no policy lag
+    results.main([str(tmp_path / "runs"), "--output", str(tmp_path / "out"), "--mean", "charts/policy_lag"])
+    assert "| mean charts/policy_lag |" in capsys.readouterr().out
+    impala, ppo = (tmp_path / "out.csv").read_text().splitlines()[1:]
+    assert impala.startswith("impala.py") and impala.endswith(",1.50") and ppo.endswith(",")
+    with pytest.raises(SystemExit):  # a tag no run logged: a typo, one line
+        results.main([str(tmp_path / "runs"), "--output", str(tmp_path / "out"), "--mean", "charts/nothing"])
+    assert "--mean charts/nothing: none of the 3 runs logged that scalar" in capsys.readouterr().err
 
 
 def test_results_main_takes_a_runs_folder(tmp_path, monkeypatch):

@@ -1,0 +1,96 @@
+"""Keep the logs behind a results table in the repository, small enough to commit.
+
+    python -m cleanrl_utils.archive runs/MinAtar-Breakout-v1__c51_atari__* --to benchmark/runs
+
+copies each finished run directory's args.json and finished.json, and its TensorBoard events thinned to what the
+results tables and plots read: the episodic returns, perf/ and eval/ scalars, the --keep tags, and the first and last
+scalar event of each events file and the one at the largest step (so the wall time and the step count of the table
+are the same read from the copy). The kept events are written byte for byte, in their files of the same names;
+checkpoints, models and videos stay behind. A run that has not finished is refused: it is not a result yet.
+
+A benchmark that spans several sessions on machines that keep nothing (a seed a session) copies its archived runs
+back before it starts (`cp -rn benchmark/runs/. runs/`): the runner then skips their jobs as finished, and the table
+is made from all seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import shutil
+import sys
+from pathlib import Path
+
+from cleanrl_utils.errors import fail
+from cleanrl_utils.results import EVENTS_GLOB, FINISHED_NAME, RunError, find_run_dirs
+
+KEEP = ("charts/episodic_return", "charts/policy_lag", "perf/*", "eval/*", "hyperparameters/*")
+
+
+def thin_events(source: Path, target: Path, keep: tuple[str, ...]) -> tuple[int, int]:
+    """Copy the events of `source` that `keep` matches (fnmatch patterns of tags), every event that is not a summary
+    (the file version, session logs) and the first, last and largest-step summary events, to `target`. Returns the
+    numbers of events read and written."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    records = list(RawEventFileLoader(str(source)).Load())
+    events = [Event.FromString(record) for record in records]
+    summaries = [i for i, event in enumerate(events) if event.HasField("summary")]
+    ends = {summaries[0], summaries[-1], max(summaries, key=lambda i: events[i].step)} if summaries else set()
+    written = 0
+    with open(target, "wb") as f:
+        writer = RecordWriter(f)
+        for i, (record, event) in enumerate(zip(records, events)):
+            tags = [value.tag for value in event.summary.value]
+            if not event.HasField("summary") or i in ends or any(fnmatch.fnmatch(t, p) for t in tags for p in keep):
+                writer.write(record)
+                written += 1
+        writer.flush()
+    return len(records), written
+
+
+def check_finished(run_dir: Path) -> None:
+    if not (run_dir / "args.json").is_file():
+        raise RunError(f"{run_dir}: not a run directory (no args.json)")
+    if not (run_dir / FINISHED_NAME).is_file():
+        raise RunError(f"{run_dir}: not finished (no {FINISHED_NAME}); archive runs once they have ended")
+
+
+def archive_run(run_dir: Path, to: Path, keep: tuple[str, ...]) -> Path:
+    """The thinned copy of one finished run, `to`/its name; an older copy there is replaced."""
+    target = to / run_dir.name
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("args.json", FINISHED_NAME):
+        shutil.copy2(run_dir / name, target / name)
+    for stale in target.glob(EVENTS_GLOB):  # archived again: the run's files now, not the older copy's
+        stale.unlink()
+    for events in sorted(run_dir.glob(EVENTS_GLOB)):
+        thin_events(events, target / events.name, keep)
+    return target
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="finished run directories, or folders with them below")
+    parser.add_argument("--to", type=Path, required=True, help="the folder the thinned copies go in")
+    parser.add_argument(
+        "--keep", nargs="*", default=[], metavar="TAG", help=f"more tags to keep (fnmatch patterns; kept: {KEEP})"
+    )
+    args = parser.parse_args(argv)
+    keep = KEEP + tuple(args.keep)
+    try:
+        run_dirs = find_run_dirs(args.run_dirs)
+        for run_dir in run_dirs:  # all checked before anything is written
+            check_finished(run_dir)
+        for run_dir in run_dirs:
+            target = archive_run(run_dir, args.to, keep)
+            size = sum(path.stat().st_size for path in target.iterdir()) / 1e6
+            print(f"{run_dir} -> {target} ({size:.2f} MB)")
+    except RunError as error:
+        fail(str(error))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
