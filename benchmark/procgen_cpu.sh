@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=196608
-# A checkpoint every iteration (16,384 steps): stopped, the same command again skips the finished seeds and
+# A checkpoint every iteration (16,384 steps), and each finished run archived to benchmark/runs (commit it): stopped,
+# the same command again (also on a fresh machine) skips the finished seeds and
 # continues the others from their checkpoints.
 KEEP="--checkpoint-every 16384"
 part="$1"
@@ -17,7 +18,8 @@ first="${2:-1}"
 seeds=$(( ${3:-3} - first + 1 ))
 run() {
     uv run --extra envpool python -m cleanrl_utils.benchmark --env-ids StarpilotEasy-v0 --command "$1" \
-        --num-seeds "$seeds" --start-seed "$first" --workers 1 --output "/tmp/procgen_cpu_$part"
+        --num-seeds "$seeds" --start-seed "$first" --workers 1 --archive benchmark/runs \
+        --output "/tmp/procgen_cpu_$part"
 }
 case "$part" in
     random) run "uv run --extra envpool python benchmark/random_policy_pixels.py --num-envs 64 --total-timesteps $STEPS" ;;

@@ -30,6 +30,10 @@ every command anew instead. A crash or a preemption ends the runner with its run
 killed alone (kill -9 PID) leaves its runs going: stop them (kill -- -PGID) before starting it
 again, or a run would be continued while it still writes.
 
+A benchmark longer than a session on machines that keep nothing between sessions takes `--archive benchmark/runs`:
+each job's run is copied there, thinned (cleanrl_utils.archive), as soon as it finishes, for the repository; the next
+session's runner first copies the archived runs back into --runs-dir, so it skips their jobs and tabulates all seeds.
+
 On a SLURM cluster, give a job template instead of running locally:
 
     python -m cleanrl_utils.benchmark --env-ids CartPole-v1 Acrobot-v1 \\
@@ -243,11 +247,37 @@ def run_job(job: Job, lock: threading.Lock, prefix: bool) -> Job:
     return job
 
 
-def run_jobs(jobs: list[Job], workers: int, runs_root: Path, resume: bool = True) -> None:
+def restore_archived(archive_dir: Path, runs_root: Path) -> None:
+    """Copy the runs archived in `archive_dir` (cleanrl_utils.archive) that `runs_root` lacks back into it: on a
+    machine that kept nothing, their jobs are then found finished and skipped."""
+    runs_root.mkdir(parents=True, exist_ok=True)
+    for archived in sorted(existing_run_dirs(archive_dir)):
+        if not (runs_root / archived.name).exists():
+            shutil.copytree(archived, runs_root / archived.name)
+            print(f"restored the archived run {archived.name} into {runs_root}", flush=True)
+
+
+def archive_finished(job: Job, archive_dir: Path) -> None:
+    """A thinned copy of a finished job's run in `archive_dir`, unless one is there."""
+    from cleanrl_utils.archive import KEEP, archive_run
+
+    if job.run_dir is not None and (job.run_dir / FINISHED_NAME).is_file():
+        if not (archive_dir / job.run_dir.name / FINISHED_NAME).is_file():
+            print(f"[{job.label}] archived to {archive_run(job.run_dir, archive_dir, KEEP)}", flush=True)
+
+
+def run_jobs(
+    jobs: list[Job], workers: int, runs_root: Path, resume: bool = True, archive_dir: Path | None = None
+) -> None:
     """Run the jobs, `workers` at a time, and attach to each the run directory it created or continued. With
-    `resume`, jobs that finished in an earlier start are skipped and unfinished ones continued (prepare_resume)."""
+    `resume`, jobs that finished in an earlier start are skipped and unfinished ones continued (prepare_resume).
+    With `archive_dir`, the runs archived there come back first, and each job's run is archived once it finished."""
+    if archive_dir is not None and resume:
+        restore_archived(archive_dir, runs_root)
     for job in jobs if resume else ():
         prepare_resume(job, runs_root)
+        if archive_dir is not None and job.skipped:
+            archive_finished(job, archive_dir)
     before = existing_run_dirs(runs_root)
     lock = threading.Lock()
     starts: dict[int, float] = {}
@@ -255,15 +285,17 @@ def run_jobs(jobs: list[Job], workers: int, runs_root: Path, resume: bool = True
 
     def run(index: int) -> Job:
         starts[index] = time.time()
-        return run_job(jobs[index], lock, prefix=workers > 1)
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(run, todo))
-    for index in todo:
-        job = jobs[index]
+        job = run_job(jobs[index], lock, prefix=workers > 1)
         if job.run_dir is None:
             job.run_dir = made_run_dir(job, runs_root, before, starts[index])
         mark_finished(job)
+        if archive_dir is not None:  # now, not after the last job: a session may end before that
+            with lock:
+                archive_finished(job, archive_dir)
+        return job
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(run, todo))
 
 
 def mark_finished(job: Job) -> None:
@@ -426,6 +458,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--job-name", default=None, help="the SLURM job name (default: the script's stem)")
     parser.add_argument(
+        "--archive",
+        type=Path,
+        default=None,
+        help="copy each finished run, thinned (cleanrl_utils.archive), to this folder as it ends, and restore the runs "
+        "archived there into --runs-dir first (a benchmark longer than a session on machines that keep nothing)",
+    )
+    parser.add_argument(
         "--rerun",
         action="store_true",
         help="run every command anew, also those whose runs in --runs-dir finished (default: skip them, continue "
@@ -452,7 +491,7 @@ def main(argv: list[str] | None = None) -> None:
         for job in jobs:
             print(job.command)
         return
-    run_jobs(jobs, args.workers, args.runs_dir, resume=not args.rerun)
+    run_jobs(jobs, args.workers, args.runs_dir, resume=not args.rerun, archive_dir=args.archive)
     failed = [job for job in jobs if job.returncode != 0]
     for job in failed:
         tail = "\n    ".join(job.output_tail)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -98,6 +99,25 @@ def test_a_killed_benchmark_started_again_skips_finished_runs_and_continues_the_
     # 4. Once more: nothing left to do.
     fourth = subprocess.run(argv, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300)
     assert fourth.returncode == 0 and fourth.stdout.count("skipped") == 3, fourth.stdout + fourth.stderr
+
+
+def test_an_archived_benchmark_goes_on_where_it_stopped_on_a_machine_that_kept_nothing(tmp_path):
+    # Session 1 runs seed 1 with --archive; session 2 starts from the repository alone (no runs/): seed 1 comes back
+    # from the archive and is skipped, seed 2 runs and is archived, and the table holds both.
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'cleanrl' / 'ppo.py'))} {TINY_PPO}"
+    argv = [sys.executable, "-m", "cleanrl_utils.benchmark", "--env-ids", "CartPole-v1", "--command", command]
+    argv += ["--archive", "benchmark/runs", "--output", "results/ppo"]
+    first = subprocess.run([*argv, "--num-seeds", "1"], cwd=tmp_path, env=script_env(), capture_output=True, text=True)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    (archived,) = (tmp_path / "benchmark" / "runs").iterdir()
+    assert "archived to" in first.stdout and not list(archived.glob("*.pt"))  # no checkpoint in the archive
+    shutil.rmtree(tmp_path / "runs")
+    second = subprocess.run([*argv, "--num-seeds", "2"], cwd=tmp_path, env=script_env(), capture_output=True, text=True)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr
+    assert f"restored the archived run {archived.name}" in second.stdout
+    assert "[CartPole-v1 seed 1] finished before" in second.stdout and second.stdout.count("--seed 1\n") == 0
+    assert len(list((tmp_path / "benchmark" / "runs").iterdir())) == 2
+    assert "| ppo.py | CartPole-v1 | 1024 | 1 2 |" in (tmp_path / "results" / "ppo.md").read_text()
 
 
 def test_benchmark_tells_a_run_of_another_command_from_its_own(tmp_path):
