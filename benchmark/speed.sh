@@ -3,7 +3,8 @@
 # For each command: process wall time and peak memory (GNU time), the SPS the script logs
 # (charts/SPS: steps / seconds since the training loop's set-up), and steps / process wall time.
 # Usage: bash benchmark/speed.sh [label [name ...]]   -> appends rows to benchmark/results/speed_log.md
-#   names: ppo dqn sac td3 ddpg ppo_continuous_action (default: all of them, one after another)
+#   names: ppo dqn sac td3 ddpg ppo_continuous_action (default: all of them, one after another), ppo_atari (MinAtar
+#   Breakout, 98 updates)
 # SCRIPTS_ROOT=DIR runs DIR's cleanrl/ and cleanrl_utils/ instead (a `git worktree` of an older commit, for a
 # before/after comparison: see benchmark/speed_ab.sh); OFF_POLICY_STEPS sets the SAC/TD3/DDPG length (default 15000).
 set -euo pipefail
@@ -46,6 +47,7 @@ for name in "${names[@]}"; do
         ppo | dqn) measure 100000 "cleanrl/$name.py" --env-id CartPole-v1 ;;
         sac | td3 | ddpg) measure "$off_policy_steps" "cleanrl/${name}_continuous_action.py" --env-id Pendulum-v1 --learning-starts 5000 ;;
         ppo_continuous_action) MUJOCO_GL=egl measure 50000 cleanrl/ppo_continuous_action.py --env-id Hopper-v5 ;;
+        ppo_atari) measure 100352 cleanrl/ppo_atari.py --env-id MinAtar/Breakout-v1 ;;
         *) echo "unknown name: $name" >&2; exit 2 ;;
     esac
 done
