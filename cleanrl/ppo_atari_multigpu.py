@@ -392,8 +392,9 @@ if __name__ == "__main__":
     storage = RolloutStorage(args.num_steps, args.local_num_envs, obs_shape, device)
 
     global_step, iteration = 0, 0
-    env_seeds = [args.seed + rank * args.local_num_envs + i for i in range(args.local_num_envs)]  # no two alike
-    next_obs_np, _ = envs.reset(seed=env_seeds)
+    # game i of this rank gets seed + rank x local_num_envs + i (both vector envs seed consecutive values from an
+    # int; ale-py's takes no list): no two games of the run alike
+    next_obs_np, _ = envs.reset(seed=args.seed + rank * args.local_num_envs)
     resets = np.zeros(args.local_num_envs, dtype=bool)  # envs whose next step is an autoreset (their game just ended)
     if run.checkpoint:  # every rank reads rank 0's checkpoint: the networks, and its own games
         agent.load_state_dict(run.checkpoint["agent"])

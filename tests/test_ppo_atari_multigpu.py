@@ -43,7 +43,8 @@ reset = gym.vector.SyncVectorEnv.reset
 
 
 def recording_reset(self, *, seed=None, options=None):
-    seeds.append(seed)
+    # the seed of each game: an int seeds game i with seed + i (gymnasium's SyncVectorEnv, as ale-py's vector env)
+    seeds.append([seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed))
     return reset(self, seed=seed, options=options)
 
 
@@ -213,6 +214,18 @@ def test_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
     (run_dir,) = run_dirs(tmp_path)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < 200000 and len(checkpoint["ranks"]) == 2
+
+
+def test_two_ranks_train_on_an_atari_id(tmp_path):
+    # ale-py's vector env, which takes an int seed (or an array), not a list: each rank seeds its games from
+    # seed + rank x local_num_envs
+    flags = ["--env-id", "BreakoutNoFrameskip-v4", "--local-num-envs", "2", "--num-steps", "16"]
+    flags += ["--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "128", "--torch-threads", "1"]
+    command = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", str(SCRIPT), *flags]
+    result = subprocess.run(command, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run_dir,) = run_dirs(tmp_path)
+    assert (run_dir / "finished.json").is_file()
 
 
 def test_bad_input_fails_in_one_line(workdir):
