@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import ray
 import torch
 import torch.nn as nn
 import tyro
@@ -38,6 +37,12 @@ from cleanrl_utils.checkpoint import StopSignal, load_model
 from cleanrl_utils.envs.atari import check_env_id, make_envs
 from cleanrl_utils.errors import EXIT_RUN_STOPPED, check_positive, fail
 from cleanrl_utils.run import Run
+
+# Under `uv run`, Ray would copy this folder and build a uv environment for every worker process (tens of seconds
+# each, on top of the start of the worker); off, the workers run the driver's interpreter (on a cluster: every
+# machine's own checkout). Read when ray is imported.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+import ray  # noqa: E402
 
 
 @dataclass

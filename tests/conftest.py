@@ -14,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "cleanrl"))  # lets tests import the scripts' functions
+# As in impala_atari.py: Ray's `uv run` hook would build a uv environment for every worker (set before ray's import).
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 
 def script_env(**extra: str | None) -> dict:
