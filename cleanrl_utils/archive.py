@@ -8,9 +8,8 @@ scalar event of each events file and the one at the largest step (so the wall ti
 are the same read from the copy). The kept events are written byte for byte, in their files of the same names;
 checkpoints, models and videos stay behind. A run that has not finished is refused: it is not a result yet.
 
-A benchmark that spans several sessions on machines that keep nothing (a seed a session) copies its archived runs
-back before it starts (`cp -rn benchmark/runs/. runs/`): the runner then skips their jobs as finished, and the table
-is made from all seeds.
+`python -m cleanrl_utils.benchmark --archive benchmark/runs` archives each run as it finishes and, when started
+again on a machine without those runs, copies the archive back into runs/ first, so their jobs count as finished.
 """
 
 from __future__ import annotations
@@ -76,7 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dirs", nargs="+", type=Path, help="finished run directories, or folders with them below")
     parser.add_argument("--to", type=Path, required=True, help="the folder the thinned copies go in")
     parser.add_argument(
-        "--keep", nargs="*", default=[], metavar="TAG", help=f"more tags to keep (fnmatch patterns; kept: {KEEP})"
+        "--keep",
+        action="append",
+        default=[],
+        metavar="TAG",
+        help=f"one more tag to keep, an fnmatch pattern (kept: {KEEP})",
     )
     args = parser.parse_args(argv)
     keep = KEEP + tuple(args.keep)

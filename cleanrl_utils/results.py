@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         help="score runs on their last N episodic returns (default 100); ENV_ID=N for one environment only",
     )
     parser.add_argument(
-        "--mean", nargs="*", default=[], metavar="TAG", help="add a column per TAG: its mean over a run, over seeds"
+        "--mean", action="append", default=[], metavar="TAG", help="a column of TAG's mean over a run, then over seeds"
     )
     args = parser.parse_args(argv)
     last_n = parse_last_episodes(args.last_episodes)
