@@ -138,8 +138,59 @@ def test_installer_refuses_batches_of_two_kits(kit, tmp_path):
     assert result.returncode == 2 and "belongs to kit 0000000000000000" in result.stderr, result.stderr
 
 
-def test_run_all_tiny_cpu_mode(tmp_path):
-    """Every item of run_all.sh at tiny sizes on the CPU, in a copy of the repository (its runs/ stay there)."""
+def check_ppo_isaacgym(results: Path) -> None:
+    assert "| Ant | MuJoCo Warp" in (results / "ppo_isaacgym_gpu.md").read_text()
+
+
+def check_compile_table(results: Path) -> None:
+    table = (results / "compile_tiny.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| ppo | CartPole-v1 |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[2].endswith("(256 steps)") and float(cells[2].split()[0].replace(",", "")) > 0  # eager
+    assert cells[4].startswith("refused:") and "--cudagraphs needs a CUDA GPU" in cells[4]  # on a CPU
+    assert cells[3].endswith("(256 steps)") and float(cells[3].split()[0].replace(",", "")) > 0  # --compile
+
+
+def check_mappo(results: Path) -> None:
+    assert "| 8 |" in (results / "mappo_gpu.md").read_text()
+
+
+def check_stock_trading(results: Path) -> None:
+    assert "StockTradingVecEnv (cpu) | 4 |" in (results / "stock_trading_sps_gpu.md").read_text()
+
+
+def check_logs(results: Path, scripts: tuple) -> None:
+    for script in scripts:
+        log = next(results.glob(f"{script}_gpu.log")).read_text()
+        assert "Traceback" not in log and "100%" in log, log[-2000:]
+
+
+def check_elegant(results: Path) -> None:
+    assert "PointChasingVecEnv (cpu) | 4 |" in (results / "point_chasing_sps_gpu.md").read_text()
+    check_logs(results, ("redq_continuous_action",))
+
+
+def check_pixels(results: Path) -> None:
+    check_logs(results, ("dqn_atari", "pqn_atari", "ppo_atari_envpool", "ppo_procgen"))
+
+
+def check_impala(results: Path) -> None:
+    assert "| MinAtar-Breakout-v1 | --no-cuda --num-actors 2" in (results / "impala_gpu.md").read_text()
+
+
+RUN_ALL_ITEMS = {
+    "ppo_isaacgym": check_ppo_isaacgym,
+    "compile_table": check_compile_table,
+    "mappo": check_mappo,
+    "stock_trading": check_stock_trading,
+    "elegant": check_elegant,
+    "pixels": check_pixels,
+    "impala": check_impala,
+}
+
+
+def run_all_tiny(tmp_path: Path, only: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """run_all.sh --tiny with ONLY=`only`, in a copy of the repository (its runs/ stay there)."""
     for name in ("cleanrl", "cleanrl_utils"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "benchmark" / "gpu").mkdir(parents=True)
@@ -148,7 +199,7 @@ def test_run_all_tiny_cpu_mode(tmp_path):
     for path in (ROOT / "benchmark" / "gpu").glob("*.[ps][yh]"):
         shutil.copy(path, tmp_path / "benchmark" / "gpu")
     results = tmp_path / "results"
-    env = {**os.environ, "PYTHON": sys.executable, "RESULTS": str(results), "PYTHONPATH": ""}
+    env = {**os.environ, "PYTHON": sys.executable, "RESULTS": str(results), "PYTHONPATH": "", "ONLY": only}
     result = subprocess.run(
         ["bash", str(tmp_path / "benchmark" / "gpu" / "run_all.sh"), "--tiny"],
         cwd=tmp_path,
@@ -157,24 +208,30 @@ def test_run_all_tiny_cpu_mode(tmp_path):
         env=env,
         timeout=900,
     )
-    summary = (results / "gpu_run_all.md").read_text()
-    for item in ("ppo_isaacgym", "compile_table", "mappo", "stock_trading", "elegant", "pixels", "impala"):
-        assert f"| {item} | ok |" in summary, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "| Ant | MuJoCo Warp" in (results / "ppo_isaacgym_gpu.md").read_text()
-    assert "| 8 |" in (results / "mappo_gpu.md").read_text()
-    assert "StockTradingVecEnv (cpu) | 4 |" in (results / "stock_trading_sps_gpu.md").read_text()
-    assert "PointChasingVecEnv (cpu) | 4 |" in (results / "point_chasing_sps_gpu.md").read_text()
-    for script in ("dqn_atari", "pqn_atari", "ppo_atari_envpool", "ppo_procgen", "redq_continuous_action"):
-        log = next(results.glob(f"{script}_gpu.log")).read_text()
-        assert "Traceback" not in log and "100%" in log, log[-2000:]
-    assert "| MinAtar-Breakout-v1 | --no-cuda --num-actors 2" in (results / "impala_gpu.md").read_text()
-    table = (results / "compile_tiny.md").read_text()
-    row = next(line for line in table.splitlines() if line.startswith("| ppo | CartPole-v1 |"))
-    cells = [c.strip() for c in row.split("|")[1:-1]]
-    assert cells[2].endswith("(256 steps)") and float(cells[2].split()[0].replace(",", "")) > 0  # eager
-    assert cells[4].startswith("refused:") and "--cudagraphs needs a CUDA GPU" in cells[4]  # on a CPU
-    assert cells[3].endswith("(256 steps)") and float(cells[3].split()[0].replace(",", "")) > 0  # --compile
     assert not list(tmp_path.glob("benchmark/results"))  # nothing written beside the copied scripts
+    return result, results
+
+
+@pytest.mark.parametrize("item", RUN_ALL_ITEMS)
+def test_run_all_tiny_cpu_mode(tmp_path, item):
+    """Each item of run_all.sh at tiny sizes on the CPU, alone (ONLY=item), so that the items spread over the
+    test workers: the summary lists it as ok, and only it, and its results are in place."""
+    result, results = run_all_tiny(tmp_path, item)
+    summary = (results / "gpu_run_all.md").read_text()
+    rows = [line for line in summary.splitlines() if line.startswith("| ") and not line.startswith("| item")]
+    assert rows[0].startswith(f"| {item} | ok |") and len(rows) == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    RUN_ALL_ITEMS[item](results)
+
+
+def test_run_all_refuses_an_unknown_item_in_one_line(tmp_path):
+    result = subprocess.run(
+        ["bash", str(ROOT / "benchmark" / "gpu" / "run_all.sh"), "--tiny"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ONLY": "pixels atari", "RESULTS": str(tmp_path)},
+    )
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "ONLY names atari" in result.stderr and not list(tmp_path.iterdir())
 
 
 def test_compile_table_rows_use_flags_the_scripts_have():

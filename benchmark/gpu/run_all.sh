@@ -15,7 +15,8 @@
 #   impala          75  14 Ray CPU actors feeding the GPU learner on Breakout, 60 s (IMPALA_SECONDS); runs only if
 #                       the items above left the time (alone: bash benchmark/impala_gpu.sh, 180 s)
 # An item that would end past DEADLINE (570 s after the start) is skipped and says so; one that fails is reported
-# and the next one runs. The summary (also $RESULTS/gpu_run_all.md) lists each item's status and time.
+# and the next one runs. ONLY="mappo pixels" runs just the items named (to rerun one that failed; the tests run each
+# tiny item as a test of its own). The summary (also $RESULTS/gpu_run_all.md) lists each item's status and time.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 tiny=0
@@ -24,6 +25,10 @@ case "${1:-}" in
 "") ;;
 *) echo "error: run_all.sh takes no argument but --tiny, got $1" >&2 && exit 2 ;;
 esac
+items="ppo_isaacgym compile_table mappo stock_trading elegant pixels impala"
+for name in ${ONLY:-}; do
+    [[ " $items " == *" $name "* ]] || { echo "error: ONLY names $name; the items are: $items" >&2 && exit 2; }
+done
 export PYTHON=${PYTHON:-python3}
 export PYTHONPATH="$PWD/${SITE:-benchmark/gpu/site}:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export RESULTS=${RESULTS:-benchmark/results}
@@ -36,6 +41,7 @@ failures=0
 item() { # item NAME PLANNED_SECONDS COMMAND...: runs COMMAND unless it would pass the deadline
     local name=$1 planned=$2 started=$SECONDS status
     shift 2
+    [[ -z ${ONLY:-} || " $ONLY " == *" $name "* ]] || return 0
     local left=$((deadline - SECONDS))
     if ((tiny == 0 && planned > left)); then
         summary+=("| $name | skipped: $planned s planned, $left s left of $deadline | 0 |")
