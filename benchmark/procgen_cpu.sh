@@ -26,8 +26,9 @@ case "$part" in
     ppo) run "uv run --extra envpool python cleanrl/ppo_procgen.py --total-timesteps $STEPS $KEEP" ;;
     ppg) run "uv run --extra envpool python cleanrl/ppg_procgen.py --total-timesteps $STEPS --n-iteration 4 $KEEP" ;;
     table)
-        runs=(runs/StarpilotEasy-v0__ppo_procgen__* runs/StarpilotEasy-v0__ppg_procgen__*
-            runs/StarpilotEasy-v0__random_policy__*)
+        # The archived copies: every finished run, also those of earlier machines (runs/ has only this one's).
+        runs=(benchmark/runs/StarpilotEasy-v0__ppo_procgen__* benchmark/runs/StarpilotEasy-v0__ppg_procgen__*
+            benchmark/runs/StarpilotEasy-v0__random_policy__*)
         uv run --extra envpool python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/procgen_cpu
         uv run --extra envpool python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/procgen_cpu.png
         ;;
