@@ -28,7 +28,10 @@ is run from the start. A job that exits 0 without finishing (stopped by SIGTERM/
 writing its checkpoint) counts as not done, to be continued by the next start. --rerun runs
 every command anew instead. A crash or a preemption ends the runner with its runs; a runner
 killed alone (kill -9 PID) leaves its runs going: stop them (kill -- -PGID) before starting it
-again, or a run would be continued while it still writes.
+again, or a run would be continued while it still writes. Stopped with its runs by SIGTERM or SIGINT (kill -TERM --
+-PGID, Ctrl-C), it starts no further job and reads the running ones' output until they have written their
+checkpoints and exited (dying at once would close the pipe their output goes to), then exits with 128 + the signal's
+number and leaves --output as it was; a SIGTERM to the runner alone lets the running jobs end and starts no more.
 
 A benchmark longer than a session on machines that keep nothing between sessions takes `--archive benchmark/runs`:
 each job's run is copied there, thinned (cleanrl_utils.archive), as soon as it finishes, for the repository; the next
@@ -65,6 +68,7 @@ import json
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -242,7 +246,10 @@ def run_job(job: Job, lock: threading.Lock, prefix: bool) -> Job:
     job.returncode = process.wait()
     job.seconds = time.time() - start
     with lock:
-        status = "done" if job.returncode == 0 else f"FAILED with exit code {job.returncode}"
+        if job.returncode < 0:  # the shell around the command was ended by a signal (as its command may have been)
+            status = f"ended by {signal.Signals(-job.returncode).name}"
+        else:
+            status = "done" if job.returncode == 0 else f"FAILED with exit code {job.returncode}"
         print(f"[{job.label}] {status} after {job.seconds:.0f} s", flush=True)
     return job
 
@@ -257,21 +264,46 @@ def restore_archived(archive_dir: Path, runs_root: Path) -> None:
             print(f"restored the archived run {archived.name} into {runs_root}", flush=True)
 
 
+def finished(job: Job) -> bool:
+    return job.run_dir is not None and (job.run_dir / FINISHED_NAME).is_file()
+
+
 def archive_finished(job: Job, archive_dir: Path) -> None:
     """A thinned copy of a finished job's run in `archive_dir`, unless one is there."""
     from cleanrl_utils.archive import KEEP, archive_run
 
-    if job.run_dir is not None and (job.run_dir / FINISHED_NAME).is_file():
+    if finished(job):
         if not (archive_dir / job.run_dir.name / FINISHED_NAME).is_file():
             print(f"[{job.label}] archived to {archive_run(job.run_dir, archive_dir, KEEP)}", flush=True)
 
 
+class StopRequest:
+    """SIGTERM or SIGINT to the runner, from then on: a flag that keeps further jobs from starting. The running ones
+    are not signalled again: a signal to the process group or a terminal's Ctrl-C has reached them already (a second
+    SIGINT would stop them before their checkpoint)."""
+
+    def __init__(self):
+        self.received = None
+        self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handle(self, signum, frame) -> None:
+        if self.received is None:
+            name = signal.Signals(signum).name
+            print(f"{name}: no further job starts; waiting for the running ones to exit", flush=True)
+        self.received = signum
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
 def run_jobs(
     jobs: list[Job], workers: int, runs_root: Path, resume: bool = True, archive_dir: Path | None = None
-) -> None:
+) -> int | None:
     """Run the jobs, `workers` at a time, and attach to each the run directory it created or continued. With
     `resume`, jobs that finished in an earlier start are skipped and unfinished ones continued (prepare_resume).
-    With `archive_dir`, the runs archived there come back first, and each job's run is archived once it finished."""
+    With `archive_dir`, the runs archived there come back first, and each job's run is archived once it finished.
+    Returns the number of the signal that stopped the runner (StopRequest), None when every job ran."""
     if archive_dir is not None and resume:
         restore_archived(archive_dir, runs_root)
     for job in jobs if resume else ():
@@ -283,7 +315,11 @@ def run_jobs(
     starts: dict[int, float] = {}
     todo = [index for index, job in enumerate(jobs) if not job.skipped]
 
+    stop = StopRequest()
+
     def run(index: int) -> Job:
+        if stop.received is not None:
+            return jobs[index]  # not started: the next start of the runner runs it
         starts[index] = time.time()
         job = run_job(jobs[index], lock, prefix=workers > 1)
         if job.run_dir is None:
@@ -294,8 +330,12 @@ def run_jobs(
                 archive_finished(job, archive_dir)
         return job
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(run, todo))
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(run, todo))
+    finally:
+        stop.restore()
+    return stop.received
 
 
 def mark_finished(job: Job) -> None:
@@ -491,7 +531,15 @@ def main(argv: list[str] | None = None) -> None:
         for job in jobs:
             print(job.command)
         return
-    run_jobs(jobs, args.workers, args.runs_dir, resume=not args.rerun, archive_dir=args.archive)
+    stopped_by = run_jobs(jobs, args.workers, args.runs_dir, resume=not args.rerun, archive_dir=args.archive)
+    if stopped_by is not None:
+        unfinished = ", ".join(job.label for job in jobs if not job.skipped and not finished(job)) or "none"
+        print(
+            f"stopped by {signal.Signals(stopped_by).name}, no table made (--output is left as it was); unfinished: "
+            f"{unfinished}. The same command continues from here.",
+            file=sys.stderr,
+        )
+        raise SystemExit(128 + stopped_by)
     failed = [job for job in jobs if job.returncode != 0]
     for job in failed:
         tail = "\n    ".join(job.output_tail)

@@ -78,10 +78,15 @@ class Progress:
         self.write(step, final=True)
 
     def write(self, step: int, final: bool) -> None:
-        if self.is_tty:
-            self.print_status(self.line(step))  # "\r" + the line, padded over the previous one; flushes
-            if final:
-                self.stream.write("\n")
-        else:
-            self.stream.write(self.line(step) + "\n")
-        self.stream.flush()
+        try:
+            if self.is_tty:
+                self.print_status(self.line(step))  # "\r" + the line, padded over the previous one; flushes
+                if final:
+                    self.stream.write("\n")
+            else:
+                self.stream.write(self.line(step) + "\n")
+            self.stream.flush()
+        except BrokenPipeError:
+            # Whatever read this output is gone (`| head`, a runner killed alone): the run goes on to its end or its
+            # checkpoint, and what it prints from now on goes to /dev/null instead of raising.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())

@@ -208,3 +208,31 @@ def test_ctrl_c_on_the_tuner_queues_its_trial_again_in_one_line(tmp_path):
     trials = optuna.load_study(study_name="stopped", storage=storage).trials
     assert [(t.state.name, t.user_attrs.get("retry_of")) for t in trials] == [("FAIL", None), ("WAITING", 0)]
     assert trials[1].system_attrs["fixed_params"] == trials[0].params  # what the retry will suggest
+
+
+def test_a_benchmark_stopped_with_sigterm_lets_its_run_checkpoint_and_leaves_the_table_alone(tmp_path):
+    # SIGTERM to the runner's process group (kill -TERM -- -PGID): the runner must outlive its run, reading its
+    # output, or the run's next print into the closed pipe would end it before its checkpoint.
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'cleanrl' / 'ppo.py'))} --total-timesteps 500000"
+    argv = [sys.executable, "-m", "cleanrl_utils.benchmark", "--env-ids", "CartPole-v1", "--command", command]
+    argv += ["--num-seeds", "2", "--output", "results/ppo"]
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "ppo.md").write_text("the table of an earlier, whole benchmark\n")
+    runs = tmp_path / "runs"
+    process = start(argv, tmp_path, tmp_path / "output.txt")
+    deadline = time.monotonic() + 120
+    while not any(d.glob("events.out.tfevents.*") for d in seed_runs(runs, 1)):
+        assert process.poll() is None and time.monotonic() < deadline, "seed 1's run did not start"
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGTERM)
+    assert process.wait(timeout=120) == 128 + signal.SIGTERM
+    log = (tmp_path / "output.txt").read_text()
+    (run,) = seed_runs(runs, 1)
+    assert (run / "checkpoint.pt").is_file() and not (run / "finished.json").exists(), log
+    assert "SIGTERM: checkpoint written to" in log and "SIGTERM: no further job starts" in log, log
+    assert not seed_runs(runs, 2), log  # seed 2 never started
+    assert log.strip().splitlines()[-1] == (
+        "stopped by SIGTERM, no table made (--output is left as it was); unfinished: CartPole-v1 seed 1, "
+        "CartPole-v1 seed 2. The same command continues from here."
+    )
+    assert (tmp_path / "results" / "ppo.md").read_text() == "the table of an earlier, whole benchmark\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -199,6 +200,17 @@ def test_progress_line_shows_steps_sps_return_and_time_left(monkeypatch):
     assert "\r" not in stream.getvalue() and lines[-1] == "" and len(lines) == 4
     assert lines[1] == "CartPole-v1 ppo | 640/1,000 steps (64%) | 20 SPS | return 15.0 (last 2) | 00:18 left"
     assert lines[2] == "CartPole-v1 ppo | 1,010/1,000 steps (100%) | 32 SPS | return 15.0 (last 2) | 00:00 left"
+
+
+def test_progress_goes_on_into_dev_null_when_its_reader_is_gone():
+    # A run whose output pipe closed (`| head`, a runner killed alone) must reach its end or its checkpoint.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w") as stream:
+        bar = progress.Progress(1000, stream=stream)
+        bar.update(10)  # BrokenPipeError inside: caught
+        assert os.readlink(f"/proc/self/fd/{write_end}") == os.devnull
+        bar.close(1000)  # and from then on, quietly into /dev/null
 
 
 class Terminal(io.StringIO):
