@@ -11,7 +11,11 @@ cd "$(dirname "$0")/.."
 STEPS=196608
 # A checkpoint every iteration (16,384 steps), and each finished run archived to benchmark/runs (commit it): stopped,
 # the same command again (also on a fresh machine) skips the finished seeds and
-# continues the others from their checkpoints.
+# continues the others from their checkpoints. A ppg_procgen seed takes longer than a session here (its auxiliary
+# phases: ~3 h of one core): at a session's end archive its newest checkpoint with
+#     uv run python -m cleanrl_utils.archive runs/StarpilotEasy-v0__ppg_procgen__* --to benchmark/runs --unfinished
+# (or stop the runner with kill -TERM -- -PGID, which archives the checkpoint its run writes on the way out) and
+# commit it; the next session's command continues the run from there.
 KEEP="--checkpoint-every 16384"
 part="$1"
 first="${2:-1}"

@@ -8,18 +8,27 @@ scalar event of each events file and the one at the largest step (so the wall ti
 are the same read from the copy). The kept events are written byte for byte, in their files of the same names;
 checkpoints, models and videos stay behind. A run that has not finished is refused: it is not a result yet.
 
-`python -m cleanrl_utils.benchmark --archive benchmark/runs` archives each run as it finishes and, when started
-again on a machine without those runs, copies the archive back into runs/ first, so their jobs count as finished.
+    python -m cleanrl_utils.archive runs/StarpilotEasy-v0__ppg_procgen__1__* --to benchmark/runs --unfinished
+
+also takes runs that have not finished but hold a checkpoint, with their newest checkpoint.pt (also while the run is
+still going: checkpoints are replaced atomically): a run longer than a session goes on from there on a machine that
+kept nothing. Archived again once it has finished, its copy loses the checkpoint.
+
+`python -m cleanrl_utils.benchmark --archive benchmark/runs` archives each run as it finishes (and, stopped by
+SIGTERM/SIGINT, the checkpoints of the runs it stopped) and, when started again on a machine without those runs,
+copies the archive back into runs/ first, so their jobs count as finished or continue from their checkpoints.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
 import shutil
 import sys
 from pathlib import Path
 
+from cleanrl_utils.checkpoint import CHECKPOINT_NAME
 from cleanrl_utils.errors import fail
 from cleanrl_utils.results import EVENTS_GLOB, FINISHED_NAME, RunError, find_run_dirs
 
@@ -50,29 +59,47 @@ def thin_events(source: Path, target: Path, keep: tuple[str, ...]) -> tuple[int,
     return len(records), written
 
 
-def check_finished(run_dir: Path) -> None:
+def check_archivable(run_dir: Path, unfinished: bool = False) -> None:
+    """A finished run; with `unfinished`, also one that holds a checkpoint to continue from."""
     if not (run_dir / "args.json").is_file():
         raise RunError(f"{run_dir}: not a run directory (no args.json)")
-    if not (run_dir / FINISHED_NAME).is_file():
+    if (run_dir / FINISHED_NAME).is_file():
+        return
+    if not unfinished:
         raise RunError(f"{run_dir}: not finished (no {FINISHED_NAME}); archive runs once they have ended")
+    if not (run_dir / CHECKPOINT_NAME).is_file():
+        raise RunError(f"{run_dir}: neither finished nor checkpointed: nothing to continue from")
 
 
 def archive_run(run_dir: Path, to: Path, keep: tuple[str, ...]) -> Path:
-    """The thinned copy of one finished run, `to`/its name; an older copy there is replaced."""
+    """The thinned copy of one run, `to`/its name; an older copy there is replaced. A finished run's checkpoint stays
+    behind; an unfinished run's comes along (check_archivable), for another machine to continue it."""
     target = to / run_dir.name
     target.mkdir(parents=True, exist_ok=True)
-    for name in ("args.json", FINISHED_NAME):
+    done = (run_dir / FINISHED_NAME).is_file()
+    # Archived again: the run's files now, not the older copy's (a finished run's copy keeps no checkpoint).
+    stale = [*target.glob(EVENTS_GLOB), *([target / CHECKPOINT_NAME] if done else [])]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    for name in ("args.json", FINISHED_NAME) if done else ("args.json",):
         shutil.copy2(run_dir / name, target / name)
-    for stale in target.glob(EVENTS_GLOB):  # archived again: the run's files now, not the older copy's
-        stale.unlink()
     for events in sorted(run_dir.glob(EVENTS_GLOB)):
         thin_events(events, target / events.name, keep)
+    if not done:  # through a temporary file, so that a copy cut short never passes for a checkpoint
+        partial = target / f".{CHECKPOINT_NAME}.partial"
+        shutil.copy2(run_dir / CHECKPOINT_NAME, partial)
+        os.replace(partial, target / CHECKPOINT_NAME)
     return target
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="finished run directories, or folders with them below")
+    parser.add_argument(
+        "--unfinished",
+        action="store_true",
+        help="also archive runs that have not finished but hold a checkpoint, with it, to continue elsewhere",
+    )
     parser.add_argument("--to", type=Path, required=True, help="the folder the thinned copies go in")
     parser.add_argument(
         "--keep",
@@ -86,11 +113,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_dirs = find_run_dirs(args.run_dirs)
         for run_dir in run_dirs:  # all checked before anything is written
-            check_finished(run_dir)
+            check_archivable(run_dir, args.unfinished)
         for run_dir in run_dirs:
             target = archive_run(run_dir, args.to, keep)
             size = sum(path.stat().st_size for path in target.iterdir()) / 1e6
-            print(f"{run_dir} -> {target} ({size:.2f} MB)")
+            state = "" if (run_dir / FINISHED_NAME).is_file() else ", unfinished: with its checkpoint"
+            print(f"{run_dir} -> {target} ({size:.2f} MB{state})")
     except RunError as error:
         fail(str(error))
 

@@ -36,6 +36,8 @@ number and leaves --output as it was; a SIGTERM to the runner alone lets the run
 A benchmark longer than a session on machines that keep nothing between sessions takes `--archive benchmark/runs`:
 each job's run is copied there, thinned (cleanrl_utils.archive), as soon as it finishes, for the repository; the next
 session's runner first copies the archived runs back into --runs-dir, so it skips their jobs and tabulates all seeds.
+A runner stopped by SIGTERM/SIGINT archives the runs it stopped too, with the checkpoints they wrote on the way out,
+and the next session's runner continues them from there: a single run longer than a session spans several.
 
 On a SLURM cluster, give a job template instead of running locally:
 
@@ -256,7 +258,7 @@ def run_job(job: Job, lock: threading.Lock, prefix: bool) -> Job:
 
 def restore_archived(archive_dir: Path, runs_root: Path) -> None:
     """Copy the runs archived in `archive_dir` (cleanrl_utils.archive) that `runs_root` lacks back into it: on a
-    machine that kept nothing, their jobs are then found finished and skipped."""
+    machine that kept nothing, their jobs are then found finished and skipped, or continued from their checkpoints."""
     runs_root.mkdir(parents=True, exist_ok=True)
     for archived in sorted(existing_run_dirs(archive_dir)):
         if not (runs_root / archived.name).exists():
@@ -268,13 +270,18 @@ def finished(job: Job) -> bool:
     return job.run_dir is not None and (job.run_dir / FINISHED_NAME).is_file()
 
 
-def archive_finished(job: Job, archive_dir: Path) -> None:
-    """A thinned copy of a finished job's run in `archive_dir`, unless one is there."""
+def archive_job(job: Job, archive_dir: Path, stopped: bool = False) -> None:
+    """A thinned copy of a finished job's run in `archive_dir`, unless one is there; when the runner was `stopped`,
+    also of an unfinished run with its checkpoint, for the next session to continue."""
     from cleanrl_utils.archive import KEEP, archive_run
+    from cleanrl_utils.checkpoint import CHECKPOINT_NAME
 
     if finished(job):
         if not (archive_dir / job.run_dir.name / FINISHED_NAME).is_file():
             print(f"[{job.label}] archived to {archive_run(job.run_dir, archive_dir, KEEP)}", flush=True)
+    elif stopped and job.run_dir is not None and (job.run_dir / CHECKPOINT_NAME).is_file():
+        target = archive_run(job.run_dir, archive_dir, KEEP)
+        print(f"[{job.label}] unfinished: archived with its checkpoint to {target}", flush=True)
 
 
 class StopRequest:
@@ -309,7 +316,7 @@ def run_jobs(
     for job in jobs if resume else ():
         prepare_resume(job, runs_root)
         if archive_dir is not None and job.skipped:
-            archive_finished(job, archive_dir)
+            archive_job(job, archive_dir)
     before = existing_run_dirs(runs_root)
     lock = threading.Lock()
     starts: dict[int, float] = {}
@@ -327,7 +334,7 @@ def run_jobs(
         mark_finished(job)
         if archive_dir is not None:  # now, not after the last job: a session may end before that
             with lock:
-                archive_finished(job, archive_dir)
+                archive_job(job, archive_dir, stopped=stop.received is not None)
         return job
 
     try:
@@ -501,8 +508,9 @@ def main(argv: list[str] | None = None) -> None:
         "--archive",
         type=Path,
         default=None,
-        help="copy each finished run, thinned (cleanrl_utils.archive), to this folder as it ends, and restore the runs "
-        "archived there into --runs-dir first (a benchmark longer than a session on machines that keep nothing)",
+        help="copy each finished run, thinned (cleanrl_utils.archive), to this folder as it ends (stopped by a signal: "
+        "the runs it stopped too, with their checkpoints), and restore the runs archived there into --runs-dir first "
+        "(a benchmark longer than a session on machines that keep nothing)",
     )
     parser.add_argument(
         "--rerun",

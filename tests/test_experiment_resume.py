@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from conftest import ROOT, read_scalars, script_env
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 ECHO = ROOT / "tests" / "flag_echo.py"
 TINY_PPO = (
@@ -118,6 +119,49 @@ def test_an_archived_benchmark_goes_on_where_it_stopped_on_a_machine_that_kept_n
     assert "[CartPole-v1 seed 1] finished before" in second.stdout and second.stdout.count("--seed 1\n") == 0
     assert len(list((tmp_path / "benchmark" / "runs").iterdir())) == 2
     assert "| ppo.py | CartPole-v1 | 1024 | 1 2 |" in (tmp_path / "results" / "ppo.md").read_text()
+
+
+def test_a_run_stopped_with_its_archived_benchmark_goes_on_from_its_checkpoint_on_a_machine_that_kept_nothing(
+    tmp_path,
+):
+    # Session 1 is stopped (SIGTERM to the runner's group) in the middle of seed 1: the run writes its checkpoint on
+    # the way out and the runner archives it with that checkpoint. Session 2 starts from the repository alone (no
+    # runs/): the run comes back, continues from the archived checkpoint rather than from step 0, finishes, and its
+    # archived copy then holds finished.json and no checkpoint.
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'cleanrl' / 'ppo.py'))} {TINY_PPO}"
+    argv = [sys.executable, "-m", "cleanrl_utils.benchmark", "--env-ids", "CartPole-v1", "--command", command]
+    argv += ["--num-seeds", "1", "--archive", "benchmark/runs", "--output", "results/ppo"]
+    runs, archive = tmp_path / "runs", tmp_path / "benchmark" / "runs"
+    output = tmp_path / "session1.txt"
+    first = start(argv, tmp_path, output)
+    deadline = time.monotonic() + 180
+    while not any((d / "checkpoint.pt").exists() for d in seed_runs(runs, 1)):
+        assert first.poll() is None and time.monotonic() < deadline, output.read_text()
+        time.sleep(0.002)
+    os.killpg(first.pid, signal.SIGTERM)
+    assert first.wait(timeout=120) == 128 + signal.SIGTERM, output.read_text()
+    log = output.read_text()
+    (run_dir,) = seed_runs(runs, 1)
+    assert not (run_dir / "finished.json").exists(), "stopped too late: the run had finished"
+    assert (
+        f"[CartPole-v1 seed 1] unfinished: archived with its checkpoint to {Path('benchmark/runs') / run_dir.name}"
+        in log
+    )
+    copy = archive / run_dir.name
+    assert (copy / "checkpoint.pt").read_bytes() == (run_dir / "checkpoint.pt").read_bytes()
+    assert max(step for series in read_scalars(run_dir).values() for step, _ in series) < 1024
+
+    shutil.rmtree(runs)
+    second = subprocess.run(argv, cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr
+    assert f"restored the archived run {run_dir.name}" in second.stdout
+    assert f"--seed 1 --resume {Path('runs') / run_dir.name / 'checkpoint.pt'}" in second.stdout
+    old_events, new_events = sorted((runs / run_dir.name).glob("events.*"), key=lambda path: path.stat().st_mtime)
+    resumed_steps = [event.step for event in EventFileLoader(str(new_events)).Load() if event.HasField("summary")]
+    assert min(resumed_steps) >= 512 and max(resumed_steps) <= 1024  # from the checkpoint on, not from step 0
+    assert (copy / "finished.json").is_file() and not (copy / "checkpoint.pt").exists()
+    assert json.loads((copy / "finished.json").read_text())["global_step"] == 1024
+    assert "| ppo.py | CartPole-v1 | 1024 | 1 |" in (tmp_path / "results" / "ppo.md").read_text()
 
 
 def test_benchmark_tells_a_run_of_another_command_from_its_own(tmp_path):

@@ -326,6 +326,38 @@ def test_archive_keeps_what_the_tables_read_and_drops_the_rest(tmp_path, capsys)
     assert len(results.read_scalar(copy, "charts/episodic_return")[0]) == 119 + 81  # 1200-1500 purged
 
 
+def test_archive_takes_an_unfinished_run_with_its_checkpoint_only_when_asked(tmp_path, capsys):
+    # A run longer than a session: archived unfinished with --unfinished (its checkpoint along, byte for byte, so that
+    # another machine continues it), refused without it; one with no checkpoint is refused either way. Archived again
+    # once finished, the copy drops the checkpoint and gains finished.json.
+    run_dir = make_run(tmp_path / "runs", "StarpilotEasy-v0", 1, [1.0] * 20, exp_name="ppg_procgen")
+    bare = make_run(tmp_path / "runs", "StarpilotEasy-v0", 2, [1.0] * 20, exp_name="ppg_procgen")
+    kept = tmp_path / "kept"
+    with pytest.raises(SystemExit):
+        archive.main([str(run_dir), "--to", str(kept), "--unfinished"])
+    assert "nothing to continue from" in capsys.readouterr().err and not kept.exists()
+    (run_dir / "checkpoint.pt").write_bytes(bytes(range(256)) * 64)
+    with pytest.raises(SystemExit):
+        archive.main([str(run_dir), "--to", str(kept)])
+    assert "not finished" in capsys.readouterr().err and not kept.exists()
+    with pytest.raises(SystemExit):  # every run is checked before anything is written
+        archive.main([str(run_dir), str(bare), "--to", str(kept), "--unfinished"])
+    assert not kept.exists()
+
+    archive.main([str(run_dir), "--to", str(kept), "--unfinished"])
+    assert "unfinished: with its checkpoint" in capsys.readouterr().out
+    copy = kept / run_dir.name
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run_dir.iterdir())
+    assert (copy / "checkpoint.pt").read_bytes() == (run_dir / "checkpoint.pt").read_bytes()
+    assert not (copy / results.FINISHED_NAME).exists()
+    assert results.read_summary(copy) == results.read_summary(run_dir)
+
+    (run_dir / results.FINISHED_NAME).write_text("{}")
+    archive.main([str(run_dir), "--to", str(kept)])
+    assert not (copy / "checkpoint.pt").exists() and (copy / results.FINISHED_NAME).is_file()
+    assert len(list(copy.glob("events.out.tfevents.*"))) == 1
+
+
 def test_results_report_the_largest_peak_memory_of_the_seeds(tmp_path):
     a = make_run(tmp_path, "MinAtar/Breakout-v1", 1, [1.0] * 10, exp_name="dqn_atari")
     b = make_run(tmp_path, "MinAtar/Breakout-v1", 2, [3.0] * 10, exp_name="dqn_atari")
