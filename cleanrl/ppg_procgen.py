@@ -202,7 +202,7 @@ def pixels(obs: torch.Tensor) -> torch.Tensor:
     """uint8 frames [N, C, H, W] as floats in [0, 1], stored channels-last."""
     # Channels-last (NHWC) pixels make every convolution and pooling after them run in that layout: on one CPU
     # thread the IMPALA CNN's forward + backward on 512 frames takes 2.5 s instead of 4.3 s and a 64-frame
-    # forward 72 ms instead of 154 ms (measured side by side, 2026-12-03); the values agree to 5e-8.
+    # forward 72 ms instead of 154 ms (side by side, 2026-12-03; a GPU: not measured); the values agree to 5e-8.
     return (obs.float() / 255.0).contiguous(memory_format=torch.channels_last)
 
 
