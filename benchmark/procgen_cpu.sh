@@ -37,9 +37,13 @@ case "$part" in
     ppo) run "uv run --extra envpool python cleanrl/ppo_procgen.py --total-timesteps $STEPS $KEEP" ;;
     ppg) run "uv run --extra envpool python cleanrl/ppg_procgen.py --total-timesteps $STEPS --n-iteration 4 $KEEP" ;;
     table)
-        # The archived copies: every finished run, also those of earlier machines (runs/ has only this one's).
-        runs=(benchmark/runs/StarpilotEasy-v0__ppo_procgen__* benchmark/runs/StarpilotEasy-v0__ppg_procgen__*
-            benchmark/runs/StarpilotEasy-v0__random_policy__*)
+        # The archived copies: every finished run, also those of earlier machines (runs/ has only this one's); an
+        # archived run still going (archived with its checkpoint, no finished.json) is no result yet.
+        shopt -s nullglob
+        runs=()
+        for run in benchmark/runs/StarpilotEasy-v0__{ppo_procgen,ppg_procgen,random_policy}__*; do
+            if [[ -f $run/finished.json ]]; then runs+=("$run"); else echo "not finished, left out: $run" >&2; fi
+        done
         uv run --extra envpool python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/procgen_cpu
         uv run --extra envpool python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/procgen_cpu.png
         ;;
