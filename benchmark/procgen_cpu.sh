@@ -13,8 +13,8 @@ STEPS=196608
 # freed, so each of the IMPALA CNN's large activations is page-faulted in afresh: half of a run's CPU time went to the
 # kernel. Kept in the process instead, the CNN's forward + backward on 512 frames takes 1.7 s instead of 2.7 s (one
 # thread), and a 2-iteration ppo_procgen probe (64 envs x 64 steps) 49 s of CPU instead of 58 s, 1.5 s of it in the
-# kernel instead of 10 s, peak memory +5% (side by side, twice each, 2026-12-03). Environment variables only: nothing a
-# run computes changes.
+# kernel instead of 10 s (side by side, twice each, 2026-12-03). The cost is memory: a whole ppo_procgen run peaked at
+# 5.95 GB instead of 4.6. Environment variables only: nothing a run computes changes.
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=100000000000 MALLOC_TOP_PAD_=1073741824
 # A checkpoint every iteration (16,384 steps), and each finished run archived to benchmark/runs (commit it): stopped,
 # the same command again (also on a fresh machine) skips the finished seeds and
