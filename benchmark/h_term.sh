@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# The H-term study: ppo_continuous_action.py on Hopper-v5 and Walker2d-v5, 300k steps, seeds 1-5, without the term and
-# with it at ElegantRL's weight (--h-term-lambda 0.125, run name ppo_h_term). The table gives mean +- std across seeds
-# and the IQM of the seeds' scores for both; the plot overlays the two. Parts can run apart (hours on 2 cores):
-#     bash benchmark/h_term.sh plain|h_term|table
+# The H-term study: Hopper-v5 and Walker2d-v5, 300k steps, seeds 1-5, plain PPO (cleanrl/ppo_continuous_action.py,
+# run name ppo_plain) beside PPO with ElegantRL's H-term (cleanrl/ppo_continuous_action_hterm.py at ElegantRL's
+# settings, lambda 2^-3, run name ppo_hterm). Both at CleanRL's MuJoCo settings; with the same seed the two runs are
+# identical until the term starts (2^11 stored transitions), so each seed is a paired comparison. The table gives
+# mean +- std across seeds and the IQM; the plot overlays the two. Each finished run is archived to benchmark/runs
+# (commit it), so a stopped study continues on another machine with the same commands:
+#     bash benchmark/h_term.sh plain|hterm|table
 # Results: benchmark/results/h_term.md and h_term.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run() {
     uv run --extra mujoco python -m cleanrl_utils.benchmark --env-ids Hopper-v5 Walker2d-v5 --num-seeds 5 \
-        --command "uv run --extra mujoco python cleanrl/ppo_continuous_action.py --total-timesteps 300000 $1" \
-        --workers "${WORKERS:-1}" --output "/tmp/h_term_$2"
+        --command "uv run --extra mujoco python cleanrl/$1 --total-timesteps 300000 --checkpoint-every 100000 $2" \
+        --workers "${WORKERS:-1}" --archive benchmark/runs --output "/tmp/h_term_$3"
 }
-case "$1" in
-    plain) run "--exp-name ppo_plain" plain ;;
-    h_term) run "--exp-name ppo_h_term --h-term-lambda 0.125" h_term ;;
+case "${1:-}" in
+    plain) run ppo_continuous_action.py "--exp-name ppo_plain" plain ;;
+    hterm) run ppo_continuous_action_hterm.py "--exp-name ppo_hterm" hterm ;;
     table)
-        runs=(runs/Hopper-v5__ppo_plain__* runs/Walker2d-v5__ppo_plain__* runs/Hopper-v5__ppo_h_term__*
-            runs/Walker2d-v5__ppo_h_term__*)
+        runs=(runs/Hopper-v5__ppo_plain__* runs/Walker2d-v5__ppo_plain__* runs/Hopper-v5__ppo_hterm__*
+            runs/Walker2d-v5__ppo_hterm__*)
         uv run python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/h_term
         uv run python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/h_term.png
         ;;
-    *) echo "usage: bash benchmark/h_term.sh plain|h_term|table" >&2; exit 2 ;;
+    *) echo "usage: bash benchmark/h_term.sh plain|hterm|table" >&2; exit 2 ;;
 esac

@@ -8,7 +8,7 @@ statistics and rewards by the running std of the discounted return (both saved w
 the bounds only on the way to the environment. Time-limit truncations are bootstrapped with the true final
 observation. MuJoCo, dm_control suite and classic-control environments are saved in checkpoints (a resumed CPU run
 is exact); PyBullet and dm_control composer ones cannot be: such a run resumes with freshly reset environments.
-`--h-term-lambda` adds ElegantRL's Hamiltonian term to the loss (defined exactly in EpisodeMemory; off at 0).
+ElegantRL's H-term is the variant cleanrl/ppo_continuous_action_hterm.py.
 
 Action space: a one-dimensional Box. Observations: a Box, or a Dict of Boxes (flattened). Environments: gymnasium
 MuJoCo v5 (Hopper-v5, HalfCheetah-v5, Walker2d-v5 ...), dm_control through shimmy, Pendulum-v1.
@@ -107,14 +107,6 @@ class Args:
     """scaled rewards are clipped to [-clip_reward, clip_reward]"""
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for"""
-    h_term_lambda: float = 0.0
-    """weight of ElegantRL's H-term in the loss (0: off, plain PPO; ElegantRL uses 2^-3 = 0.125)"""
-    h_term_drop_rate: float = 0.125
-    """the share of stored episodes, lowest returns first, dropped after each rollout (ElegantRL: 2^-3)"""
-    h_term_sample_rate: float = 0.0625
-    """the share of stored transitions drawn for the H-term at each minibatch (ElegantRL: 2^-4)"""
-    h_term_min_transitions: int = 2048
-    """the H-term starts once this many transitions of whole episodes are stored (ElegantRL: 2^11)"""
     compile: bool = False
     """if toggled, compile the policy step and the update with torch.compile (slower to start)"""
     cudagraphs: bool = False
@@ -164,8 +156,6 @@ def validate(args: Args) -> None:
         if not (args.cuda and torch.cuda.is_available()):
             fail("--cudagraphs needs a CUDA GPU and none is in use; drop it (--compile works on the CPU)")
         args.compile = True  # the graphs are captured by torch.compile
-    if args.compile and args.h_term_lambda > 0:
-        fail("--compile does not cover the H-term (its sample size changes every rollout); drop one of the two")
     check_positive(
         total_timesteps=args.total_timesteps,
         num_envs=args.num_envs,
@@ -177,13 +167,7 @@ def validate(args: Args) -> None:
         clip_reward=args.clip_reward,
         eval_episodes=args.eval_episodes,
         torch_threads=args.torch_threads,
-        h_term_min_transitions=args.h_term_min_transitions,
     )
-    if args.h_term_lambda < 0 or not 0 <= args.h_term_drop_rate < 1 or not 0 < args.h_term_sample_rate <= 1:
-        fail(
-            f"--h-term-lambda must be >= 0, --h-term-drop-rate in [0, 1) and --h-term-sample-rate in (0, 1], got "
-            f"{args.h_term_lambda}, {args.h_term_drop_rate} and {args.h_term_sample_rate}"
-        )
     if args.checkpoint_every < 0:
         fail(f"--checkpoint-every must be 0 (off) or positive, got {args.checkpoint_every}")
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
@@ -390,77 +374,6 @@ class RolloutStorage:
         return torch.as_tensor(array, device=self.device)
 
 
-class EpisodeMemory:
-    """The H-term's whole past episodes, on the training device: per transition the observation (normalised, as the
-    policy saw it), the action and the discounted reward-to-go of the raw rewards min-max normalised to [0, 1] within
-    its episode. Episodes are assembled across rollouts; after each rollout the lowest-return share `drop_rate` of
-    the stored episodes is dropped. Held as a list of episodes, concatenated once per rollout for sampling.
-
-    The H-term (ElegantRL 2022, AgentPPO_H.get_obj_h_term), added to the loss at every minibatch once
-    --h-term-min-transitions are stored: H = -lambda * mean_i[ pi(a_i | s_i) * R_norm_i ], pi the joint action density
-    (the product over action dimensions), i a uniform sample (--h-term-sample-rate) of the stored transitions.
-    ElegantRL's single-step form; its K-step variant is not used."""
-
-    def __init__(self, num_envs: int, gamma: float, drop_rate: float):
-        self.gamma, self.drop_rate = gamma, drop_rate
-        self.episodes = []  # (obs, actions, r_norm, episodic return) of each stored episode
-        self.unfinished = [None] * num_envs  # each env's episode so far: (obs, actions, raw rewards)
-        self.obs = self.actions = self.r_norm = None
-
-    @property
-    def size(self) -> int:
-        return 0 if self.r_norm is None else self.r_norm.shape[0]
-
-    def finish_episode(self, obs: torch.Tensor, actions: torch.Tensor, rewards: np.ndarray) -> tuple:
-        reward_to_go = np.zeros(len(rewards), dtype=np.float64)
-        future = 0.0
-        for t in reversed(range(len(rewards))):
-            future = reward_to_go[t] = rewards[t] + self.gamma * future
-        span = reward_to_go.max() - reward_to_go.min()
-        r_norm = (reward_to_go - reward_to_go.min()) / span if span > 0 else np.zeros_like(reward_to_go)
-        return obs, actions, torch.as_tensor(r_norm, dtype=torch.float32, device=obs.device), float(rewards.sum())
-
-    def add_rollout(self, obs: torch.Tensor, actions: torch.Tensor, rewards: np.ndarray, dones: np.ndarray) -> None:
-        """A [num_steps, num_envs] rollout: raw rewards and episode ends (terminations or truncations) on the host."""
-        for env in range(rewards.shape[1]):
-            start = 0
-            for end in [*np.flatnonzero(dones[:, env]) + 1, None]:
-                # Copies: the rollout storage is overwritten by the next rollout.
-                piece = (obs[start:end, env].clone(), actions[start:end, env].clone(), rewards[start:end, env].copy())
-                if self.unfinished[env] is not None:
-                    piece = tuple(
-                        torch.cat([a, b]) if isinstance(a, torch.Tensor) else np.concatenate([a, b])
-                        for a, b in zip(self.unfinished[env], piece)
-                    )
-                if end is None:
-                    self.unfinished[env] = piece if len(piece[2]) else None
-                else:
-                    self.episodes.append(self.finish_episode(*piece))
-                    self.unfinished[env] = None
-                    start = end
-        self.episodes.sort(key=lambda episode: episode[3])
-        del self.episodes[: int(len(self.episodes) * self.drop_rate)]
-        self.concatenate()
-
-    def concatenate(self) -> None:
-        """The stored episodes as three [size, ...] tensors, for sampling."""
-        if self.episodes:
-            self.obs, self.actions, self.r_norm = (torch.cat(field) for field in list(zip(*self.episodes))[:3])
-
-    def h_term(self, agent: "Agent", sample_rate: float, h_lambda: float) -> torch.Tensor:
-        """-lambda * mean[pi(a|s) * R_norm] over a uniform sample of the stored transitions."""
-        rows = torch.randint(self.size, (max(1, int(self.size * sample_rate)),), device=self.r_norm.device)
-        density = agent.log_prob(self.obs[rows], self.actions[rows]).exp()  # the joint density of the action
-        return -h_lambda * (density * self.r_norm[rows]).mean()
-
-    def state_dict(self) -> dict:
-        return {"episodes": self.episodes, "unfinished": self.unfinished}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.episodes, self.unfinished = state["episodes"], state["unfinished"]
-        self.concatenate()
-
-
 def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -496,11 +409,9 @@ def make_optimizer(agent: Agent, args: Args, device: torch.device) -> torch.opti
     return torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
 
 
-def update_minibatch(
-    agent: Agent, optimizer: torch.optim.Optimizer, mb: Batch, args: Args, memory: EpisodeMemory | None = None
-) -> dict[str, torch.Tensor]:
-    """One gradient step of the clipped PPO loss on the minibatch `mb` (with the H-term drawn from `memory` when one
-    is given). Returns its losses, log-ratios and ratios, and the count of ratios outside the clip range, detached.
+def update_minibatch(agent: Agent, optimizer: torch.optim.Optimizer, mb: Batch, args: Args) -> dict[str, torch.Tensor]:
+    """One gradient step of the clipped PPO loss on the minibatch `mb`. Returns its losses, log-ratios and ratios,
+    and the count of ratios outside the clip range, detached.
     --compile compiles this function as it is (two graphs: up to the backward pass, and the clipping and step)."""
     newlogprob = agent.log_prob(mb.obs, mb.actions)
     newvalue = agent.get_value(mb.obs)
@@ -524,11 +435,6 @@ def update_minibatch(
     loss = pg_loss + v_loss * args.vf_coef
     if args.ent_coef != 0:  # one state-independent term, not one per sample
         loss = loss - args.ent_coef * agent.entropy()
-    stats = {}
-    if memory is not None:  # ElegantRL's H-term: raise the density of actions that led to high returns
-        h_term = memory.h_term(agent, args.h_term_sample_rate, args.h_term_lambda)
-        loss = loss + h_term
-        stats["h_term"] = h_term.detach()
 
     optimizer.zero_grad()
     loss.backward()
@@ -537,7 +443,7 @@ def update_minibatch(
     ratio, logratio = ratio.detach(), logratio.detach()
     clipped = ((ratio - 1.0).abs() > args.clip_coef).sum()
     return dict(
-        stats, policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), logratio=logratio, ratio=ratio, clipped=clipped
+        policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), logratio=logratio, ratio=ratio, clipped=clipped
     )
 
 
@@ -587,7 +493,6 @@ if __name__ == "__main__":
     obs_rms = RunningMeanStd(obs_dim).to(device)
     reward_scaler = RewardScaler(args.num_envs, args.gamma, args.clip_reward).to(device)
     storage = RolloutStorage(args.num_steps, args.num_envs, obs_dim, act_dim, device)
-    memory = EpisodeMemory(args.num_envs, args.gamma, args.h_term_drop_rate) if args.h_term_lambda > 0 else None
 
     def observe(obs_np: np.ndarray) -> torch.Tensor:
         """What the policy sees: the observations enter the running statistics, then are normalised by them."""
@@ -607,12 +512,8 @@ if __name__ == "__main__":
         obs_rms.load_state_dict(run.checkpoint["obs_rms"])
         reward_scaler.load_state_dict(run.checkpoint["reward_scaler"])
         envs, next_obs = restore_envs(envs, run.checkpoint["envs"])
-        if memory is not None:
-            memory.load_state_dict(run.checkpoint["h_term_memory"])
         if next_obs is None:  # the environments were not saved: the fresh ones start new episodes
             reward_scaler.carry.zero_()
-            if memory is not None:
-                memory.unfinished = [None] * args.num_envs
         global_step, iteration = run.checkpoint["global_step"], run.checkpoint["iteration"]
     next_obs = observe(next_obs_np) if next_obs is None else next_obs.to(device)
 
@@ -626,7 +527,6 @@ if __name__ == "__main__":
             envs=snapshot_envs(envs, next_obs),
             global_step=global_step,
             iteration=iteration,
-            h_term_memory=None if memory is None else memory.state_dict(),
         )
 
     # The policy step and the update: with --compile, these same functions compiled (and with --cudagraphs captured
@@ -693,11 +593,6 @@ if __name__ == "__main__":
             b_obs, b_actions = storage.obs.reshape(-1, obs_dim), storage.actions.reshape(-1, act_dim)
             b_logprobs = agent.log_prob(b_obs, b_actions)
             batch = Batch(b_obs, b_actions, b_logprobs, advantages.view(-1), returns.view(-1), values.view(-1))
-            if memory is not None:
-                memory.add_rollout(
-                    storage.obs, storage.actions, storage.rewards, np.maximum(storage.terminations, storage.truncations)
-                )
-            h_term_on = memory is not None and memory.size >= args.h_term_min_transitions
 
         # 3. Update the policy and value network
         clipped = torch.zeros((), dtype=torch.long, device=device)  # ratios outside the clip range, for clipfrac
@@ -711,7 +606,7 @@ if __name__ == "__main__":
                 shuffled = shuffled._replace(advantages=((by_minibatch - mean) / (std + 1e-8)).view(-1))
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb = shuffled.take(slice(start, start + args.minibatch_size))
-                stats = update(agent, optimizer, mb, args, memory if h_term_on else None)
+                stats = update(agent, optimizer, mb, args)
                 clipped += stats["clipped"]
 
             # The KL estimates (http://joschu.net/blog/kl-approx.html) of the epoch's last minibatch, once per
@@ -725,13 +620,9 @@ if __name__ == "__main__":
         # 4. Log (one device-to-host read per iteration) and checkpoint when due
         var_y = batch.returns.var()
         explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch.returns - batch.values).var() / var_y)
-        h_term_scalars = (
-            {"losses/h_term": stats["h_term"], "charts/h_term_transitions": memory.size} if h_term_on else {}
-        )
         run.log(
             global_step,
             {
-                **h_term_scalars,
                 "losses/value_loss": stats["value_loss"],
                 "losses/policy_loss": stats["policy_loss"],
                 "losses/entropy": agent.entropy(),

@@ -1,6 +1,7 @@
-"""ppo_continuous_action.py --h-term-lambda: ElegantRL's H-term. The episode memory (reward-to-go normalised within
-each episode, episodes assembled across rollouts, the lowest returns dropped), the term's value on a hand-built
-memory, its gradient's sign, `--h-term-lambda 0` being exactly plain PPO, exact resume with the term on, bad input."""
+"""ppo_continuous_action_hterm.py: PPO with ElegantRL's H-term. The episode memory (episodes assembled across
+rollouts, the lowest returns dropped before new ones are added, the reward-to-go min-max normalised over the whole
+memory as ElegantRL does), the term's value on a hand-built memory, its gradient's sign, the variant being exactly
+ppo_continuous_action.py until the term starts, exact resume with the term on, bad input."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import math
 from pathlib import Path
 
 import numpy as np
-import ppo_continuous_action as pca
+import ppo_continuous_action_hterm as hterm
 import pytest
 import torch
 from conftest import kill_at_first_checkpoint, read_scalars, run_dirs, run_script
 
-SCRIPT = "ppo_continuous_action.py"
+SCRIPT = "ppo_continuous_action_hterm.py"
 # Pendulum episodes are cut at 200 steps: 2 envs x 512 steps end 4 episodes, so the memory fills during the run.
 FLAGS = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "128", "--num-minibatches", "2"]
 FLAGS += ["--update-epochs", "2", "--total-timesteps", "1024"]
@@ -26,55 +27,78 @@ def observations(num_steps: int, num_envs: int, offset: int = 0) -> torch.Tensor
     return torch.stack([t, env], dim=-1).float()
 
 
-def reward_to_go_normalised(rewards: list[float], gamma: float) -> list[float]:
+def reward_to_go(rewards: list[float], gamma: float) -> list[float]:
     returns, future = [], 0.0
     for reward in reversed(rewards):
         future = reward + gamma * future
         returns.insert(0, future)
-    low, high = min(returns), max(returns)
-    return [(g - low) / (high - low) if high > low else 0.0 for g in returns]
+    return returns
 
 
-def test_memory_assembles_episodes_across_rollouts_normalises_and_drops_the_lowest_returns():
-    memory = pca.EpisodeMemory(num_envs=2, gamma=0.5, drop_rate=0.5)
+def normalised_over_memory(*episodes: list[float]) -> list[float]:
+    """ElegantRL's R_norm: every transition's reward-to-go scaled by the minimum and maximum over the whole memory."""
+    values = [g for episode in episodes for g in episode]
+    low, high = min(values), max(values)
+    return [(g - low) / (high - low) for g in values]
+
+
+def test_memory_assembles_episodes_across_rollouts_drops_the_lowest_returns_first_and_normalises_over_all():
+    memory = hterm.EpisodeMemory(num_envs=2, gamma=0.5, drop_rate=0.5)
     # Rollout 1 (4 steps): env 0 ends an episode (rewards 1, 4) at step 1 and starts another; env 1 ends one at step 3.
     rewards = np.array([[1, 0], [4, 1], [3, 0], [4, 2]], dtype=np.float32)
     dones = np.array([[0, 0], [1, 0], [0, 0], [0, 1]], dtype=np.float32)
     obs = observations(4, 2)
     memory.add_rollout(obs, -obs, rewards, dones)
-    # Episodes: A = env 0 steps 0-1 (return 5), B = env 1 steps 0-3 (return 3); the lower half (B) is dropped.
-    assert len(memory.episodes) == 1 and memory.size == 2
-    assert memory.obs.tolist() == [[0, 0], [1, 0]] and memory.actions.tolist() == [[0, 0], [-1, 0]]
-    assert memory.r_norm.tolist() == pytest.approx(reward_to_go_normalised([1, 4], 0.5))
+    # Episodes: A = env 0 steps 0-1 (return 5), B = env 1 steps 0-3 (return 3); nothing was stored before, so nothing
+    # is dropped yet (ElegantRL drops before it adds).
+    assert [episode[3] for episode in memory.episodes] == [5.0, 3.0] and memory.size == 6
+    assert memory.obs.tolist() == [[0, 0], [1, 0], [0, 1], [1, 1], [2, 1], [3, 1]]
+    assert memory.actions.tolist() == (-memory.obs).tolist()
+    rtg_a, rtg_b = reward_to_go([1, 4], 0.5), reward_to_go([0, 1, 0, 2], 0.5)
+    assert memory.r_norm.tolist() == pytest.approx(normalised_over_memory(rtg_a, rtg_b))
     obs.fill_(99.0)  # the next rollout overwrites the storage: the memory holds copies
     assert memory.episodes[0][0].tolist() == [[0, 0], [1, 0]] and memory.unfinished[0][0].tolist() == [[2, 0], [3, 0]]
-    # Rollout 2: env 0's episode (3, 4 from rollout 1, then 5) ends at step 0; C has return 12 and outranks A.
+    # Rollout 2: B (the lower half) is dropped first; then env 0's episode (3, 4 from rollout 1, then 5) ends at step 0.
     rewards = np.array([[5, 1], [0, 1]], dtype=np.float32)
     dones = np.array([[1, 0], [0, 0]], dtype=np.float32)
     memory.add_rollout(observations(2, 2, offset=4), -observations(2, 2, offset=4), rewards, dones)
-    assert [episode[3] for episode in memory.episodes] == [12.0]
-    assert memory.obs.tolist() == [[2, 0], [3, 0], [4, 0]]
-    assert memory.r_norm.tolist() == pytest.approx(reward_to_go_normalised([3, 4, 5], 0.5))
+    assert [episode[3] for episode in memory.episodes] == [5.0, 12.0]
+    assert memory.obs.tolist() == [[0, 0], [1, 0], [2, 0], [3, 0], [4, 0]]
+    assert memory.r_norm.tolist() == pytest.approx(normalised_over_memory(rtg_a, reward_to_go([3, 4, 5], 0.5)))
     assert memory.unfinished[0][0].tolist() == [[5, 0]]  # env 0's next episode has begun
     assert memory.unfinished[1][2].tolist() == [1, 1]  # env 1's: two steps so far
     # A state-dict round trip keeps the memory and the unfinished episodes.
-    copy = pca.EpisodeMemory(num_envs=2, gamma=0.5, drop_rate=0.5)
+    copy = hterm.EpisodeMemory(num_envs=2, gamma=0.5, drop_rate=0.5)
     copy.load_state_dict(memory.state_dict())
     assert torch.equal(copy.obs, memory.obs) and torch.equal(copy.r_norm, memory.r_norm)
     assert torch.equal(copy.unfinished[0][0], memory.unfinished[0][0]) and copy.size == memory.size
 
 
-def hand_built_memory() -> pca.EpisodeMemory:
-    memory = pca.EpisodeMemory(num_envs=1, gamma=0.9, drop_rate=0.0)
+def test_a_low_return_episode_weighs_less_than_a_high_return_one():
+    """The review's case: normalised within each episode, returns of 0.5 and of 50 got identical weights."""
+    memory = hterm.EpisodeMemory(num_envs=2, gamma=1.0, drop_rate=0.0)
+    rewards = np.array([[0.25, 25.0], [0.25, 25.0]], dtype=np.float32)
+    memory.add_rollout(observations(2, 2), observations(2, 2), rewards, np.ones((2, 2), dtype=np.float32))
+    # Episodes of one step each, env by env: returns 0.25, 0.25 (env 0) and 25, 25 (env 1).
+    assert memory.r_norm.tolist() == pytest.approx([0.0, 0.0, 1.0, 1.0])
+    memory = hterm.EpisodeMemory(num_envs=2, gamma=1.0, drop_rate=0.0)
+    memory.add_rollout(observations(2, 2), observations(2, 2), rewards, np.array([[0, 0], [1, 1]], dtype=np.float32))
+    low, high = [0.5, 0.25], [50.0, 25.0]  # the reward-to-go of each two-step episode
+    assert memory.r_norm.tolist() == pytest.approx(normalised_over_memory(low, high))
+    assert max(memory.r_norm[:2]) < 0.01 < 0.49 < min(memory.r_norm[2:])
+
+
+def hand_built_memory() -> hterm.EpisodeMemory:
+    memory = hterm.EpisodeMemory(num_envs=1, gamma=0.9, drop_rate=0.0)
     memory.obs = torch.tensor([[0.5, -1.0], [0.5, -1.0], [1.0, 2.0]])
     memory.actions = torch.tensor([[0.3], [-0.3], [1.2]])
     memory.r_norm = torch.tensor([1.0, 0.0, 0.5])
     return memory
 
 
-def constant_policy(mean: float, std: float) -> pca.Agent:
+def constant_policy(mean: float, std: float) -> hterm.Agent:
     """A policy whose mean is `mean` in every state (output layer zero, bias = mean)."""
-    agent = pca.Agent(obs_dim=2, act_dim=1)
+    agent = hterm.Agent(obs_dim=2, act_dim=1)
     with torch.no_grad():
         agent.actor_mean[-1].weight.zero_()
         agent.actor_mean[-1].bias.fill_(mean)
@@ -87,7 +111,7 @@ def test_h_term_value_on_a_hand_built_memory():
     torch.manual_seed(3)
     value = memory.h_term(agent, sample_rate=1.0, h_lambda=0.125)
     torch.manual_seed(3)
-    rows = torch.randint(3, (3,)).tolist()  # the same uniform draw, with replacement
+    rows = torch.randint(3, (4,)).tolist()  # the same uniform draw, with replacement: int(3 * 1.0 + 1) rows
     density = [math.exp(-0.5 * ((a - 0.1) / 0.5) ** 2) / (0.5 * math.sqrt(2 * math.pi)) for a in (0.3, -0.3, 1.2)]
     expected = -0.125 * np.mean([density[i] * [1.0, 0.0, 0.5][i] for i in rows])
     assert value.item() == pytest.approx(expected, rel=1e-5)
@@ -113,10 +137,10 @@ def curves(run_dir: Path) -> dict:
     return {key: values for key, values in scalars.items() if key not in ("charts/SPS", "perf/peak_memory_gb")}
 
 
-def test_lambda_zero_is_exactly_plain_ppo_and_the_term_alone_changes_the_run(tmp_path):
+def test_the_variant_is_exactly_ppo_continuous_action_until_the_term_starts_and_the_term_changes_the_run(tmp_path):
     for name in ("plain", "idle", "on"):
         (tmp_path / name).mkdir()
-    plain = run_script(SCRIPT, *FLAGS, cwd=tmp_path / "plain")
+    plain = run_script("ppo_continuous_action.py", *FLAGS, cwd=tmp_path / "plain")
     # The memory kept but the term never reached: the bookkeeping alone must not change a single number.
     idle_flags = ["--h-term-lambda", "0.125", "--h-term-min-transitions", "99999"]
     idle = run_script(SCRIPT, *FLAGS, *idle_flags, cwd=tmp_path / "idle")
@@ -159,7 +183,7 @@ def test_bad_h_term_flags_fail_in_one_line(capsys, flags, fragment):
     import tyro
 
     with pytest.raises(SystemExit) as exit_info:
-        pca.validate(tyro.cli(pca.Args, args=["--env-id", "Pendulum-v1", *flags]))
+        hterm.validate(tyro.cli(hterm.Args, args=["--env-id", "Pendulum-v1", *flags]))
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], lines
