@@ -170,3 +170,120 @@ def test_sigkill_then_resume_on_minatar_reproduces_the_uninterrupted_run(tmp_pat
     for key in ("losses/td_loss", "losses/q_values"):
         after = [entry for entry in straight_scalars[key] if entry[0] > 1000]
         assert [entry for entry in resumed_scalars[key] if entry[0] > 1000] == after, key
+
+
+# The loop's own wiring: the script runs unchanged under tests/probe.py, which copies what its loop saw at each step
+# and what each loss was computed from; the tests rebuild all of it from those copies. Breakout (it has lives) for
+# what is stored, acting only; MinAtar (a small network, cheap to copy at every update) for the updates.
+STORE_FLAGS = ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--buffer-size", "800", "--batch-size", "4"]
+STORE_FLAGS += ["--learning-starts", "1196", "--total-timesteps", "1200"]
+LEARN_FLAGS = ["--env-id", "MinAtar/Breakout-v1", "--num-envs", "2", "--buffer-size", "1200", "--batch-size", "8"]
+LEARN_FLAGS += ["--learning-starts", "600", "--train-frequency", "8", "--target-network-frequency", "64"]
+LEARN_FLAGS += ["--total-timesteps", "1200", "--exploration-fraction", "0.5", "--end-e", "0.2", "--gamma", "0.9"]
+STEP_NAMES = ["obs", "obs_np", "actions", "rewards", "terminations", "truncations", "infos", "epsilon"]
+BATCH_NAMES = ["obs_b", "next_obs_b", "actions_b", "rewards_b", "terminations_b", "q_network", "target_network"]
+
+
+@pytest.fixture(scope="module")
+def breakout_loop(tmp_path_factory):
+    from probe import probe_script
+
+    return probe_script("dqn_atari.py", STORE_FLAGS, tmp_path_factory.mktemp("store"), watch=STEP_NAMES, final=["rb"])
+
+
+@pytest.fixture(scope="module")
+def minatar_loop(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("learn")
+    return probe_script("dqn_atari.py", LEARN_FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES)
+
+
+def loop_steps(trace) -> list[dict]:
+    """One dict per loop iteration: the observation acted on, the actions, what the env returned."""
+    return [entry for entry in trace.steps if entry["step"] > 0]
+
+
+def test_the_loop_stores_each_step_with_clipped_rewards_and_life_losses_as_terminations(breakout_loop):
+    steps = loop_steps(breakout_loop)
+    assert len(steps) == 600
+    lives_lost = sum(int(step["infos"]["life_loss"].sum()) for step in steps)
+    assert lives_lost >= 4, "the run should lose lives for this test to mean anything"
+    rb = breakout_loop.final["rb"]
+    rows = rb["size"]
+    assert rows == 400
+    resets = np.zeros(2, dtype=bool)
+    lives_checked = 0
+    for t, step in enumerate(steps):
+        row = t % rows
+        if t >= len(steps) - rows:  # the rows the buffer still holds
+            assert torch.equal(rb["frames"][row], step["obs"][:, -1:])  # the newest frame of the observation acted on
+            assert rb["actions"][row].tolist() == step["actions"].tolist()
+            assert rb["rewards"][row].tolist() == np.sign(step["rewards"]).tolist()
+            ended = step["terminations"] | step["infos"]["life_loss"]
+            assert rb["terminations"][row].tolist() == ended.astype(float).tolist(), f"step {t}"
+            assert rb["valid"][row].tolist() == (~resets).tolist()  # an autoreset step is no transition
+            lives_checked += int(step["infos"]["life_loss"].sum())
+        resets = step["terminations"] | step["truncations"]
+    assert lives_checked >= 2
+
+
+def transitions_seen(steps: list[dict]) -> set:
+    """(obs, action, clipped reward, training-episode end, next obs) of every real transition, as bytes."""
+    transitions = set()
+    resets = np.zeros(len(steps[0]["actions"]), dtype=bool)
+    for step in steps:
+        for env in np.flatnonzero(~resets):
+            ended = bool(step["terminations"][env] or step["infos"]["life_loss"][env])
+            obs, next_obs = step["obs"][env].numpy().tobytes(), step["obs_np"][env].tobytes()
+            transitions.add((obs, int(step["actions"][env]), float(np.sign(step["rewards"][env])), ended, next_obs))
+        resets = step["terminations"] | step["truncations"]
+    return transitions
+
+
+def test_each_update_samples_real_transitions_and_regresses_on_the_target_networks_max(minatar_loop):
+    steps = loop_steps(minatar_loop)
+    transitions = transitions_seen(steps)
+    updates = minatar_loop.backward
+    assert len(updates) == (1200 - 600) // 8
+    shape, n_actions = steps[0]["obs"].shape[1:], 3
+    q_network, target_network = (dqn_atari.QNetwork(shape, n_actions, 1.0) for _ in range(2))
+    terminal_targets = 0
+    for update in updates:
+        rows = zip(update["obs_b"], update["actions_b"], update["rewards_b"], update["terminations_b"])
+        for i, (obs, action, reward, ended) in enumerate(rows):
+            next_obs = update["next_obs_b"][i].numpy().tobytes()
+            key = (obs.numpy().tobytes(), int(action), float(reward), bool(ended), next_obs)
+            assert key in transitions, "a sampled row is not a transition the env produced"
+        q_network.load_state_dict(update["q_network"])
+        target_network.load_state_dict(update["target_network"])
+        with torch.no_grad():
+            q_taken = q_network(update["obs_b"])[torch.arange(8), update["actions_b"]]
+            next_max = target_network(update["next_obs_b"]).max(dim=1).values
+            target = update["rewards_b"] + 0.9 * next_max * (1 - update["terminations_b"])
+        assert update["loss"].item() == pytest.approx(((q_taken - target) ** 2).mean().item(), rel=1e-5)
+        terminal_targets += int(update["terminations_b"].sum())
+    assert terminal_targets > 0, "some sampled transitions should end a training episode"
+
+
+def test_the_target_network_is_the_online_network_copied_every_target_network_frequency_steps(minatar_loop):
+    updates = minatar_loop.backward
+    initial = updates[0]["q_network"]
+    copy_steps = [c for c in range(64, 1200, 64) if c > 600]
+    for k, update in enumerate(updates):
+        # Copied at the end of the last iteration whose step crossed a multiple of 64 after learning started (after
+        # that iteration's gradient step): the online weights that the next update found.
+        copies = [c for c in copy_steps if c < update["step"]]
+        expected = next(u for u in updates if u["step"] > copies[-1])["q_network"] if copies else initial
+        for name, tensor in update["target_network"].items():
+            assert torch.equal(tensor, expected[name]), f"update {k} at step {update['step']}: {name}"
+    assert len(copy_steps) >= 3
+
+
+def test_epsilon_decays_linearly_over_the_exploration_fraction(minatar_loop):
+    duration = 0.5 * 1200
+    steps = loop_steps(minatar_loop)
+    for step in steps:
+        acted_at = step["step"] - 2  # epsilon is computed before the step is counted
+        assert step["epsilon"] == pytest.approx(max(1 + (0.2 - 1) * acted_at / duration, 0.2))
+    assert steps[-1]["epsilon"] == pytest.approx(0.2)
