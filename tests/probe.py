@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 import json
 import os
 import subprocess
@@ -57,11 +58,13 @@ def probe_script(
     final: list[str] | tuple[str, ...] = (),
     functions: list[str] | tuple[str, ...] = (),
     step_name: str = "global_step",
+    preload: list[str] | tuple[str, ...] = (),
     env: dict | None = None,
     timeout: float = 300,
     check: bool = True,
 ) -> Trace:
-    """Run cleanrl/<script> with `flags` in `cwd` under the observers above and return what they saw."""
+    """Run cleanrl/<script> with `flags` in `cwd` under the observers above and return what they saw. `preload`:
+    modules (from tests/) imported first in the script's process, e.g. one that registers a test environment."""
     import torch
     from conftest import script_env
 
@@ -74,6 +77,7 @@ def probe_script(
             final=list(final),
             functions=list(functions),
             step_name=step_name,
+            preload=list(preload),
             output=str(Path(scratch) / "trace.pt"),
         )
         spec_path = Path(scratch) / "spec.json"
@@ -223,6 +227,8 @@ def drive(spec_path: str) -> None:
         seen["final"] = {name: copy_value(found[name]) for name in spec["final"] if name in found}
         torch.save(seen, spec["output"])
 
+    for module in spec.get("preload", []):  # tests/ is this driver's folder, first on sys.path
+        importlib.import_module(module)
     sys.argv = [script, *spec["argv"]]
     sys.path.insert(0, os.path.dirname(script))
     code = 0
