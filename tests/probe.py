@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -152,9 +153,13 @@ def drive(spec_path: str) -> None:
     last_step = {}  # the step counter's value at the last entry
     module_globals = {}
 
+    @functools.lru_cache(maxsize=None)
+    def is_script(filename: str) -> bool:  # realpath makes system calls: once per file name, not at every call event
+        return os.path.realpath(filename) == script
+
     def current_step(frame):
         while frame is not None:
-            if os.path.realpath(frame.f_code.co_filename) == script and step_name in frame.f_globals:
+            if is_script(frame.f_code.co_filename) and step_name in frame.f_globals:
                 return frame.f_globals[step_name]
             frame = frame.f_back
         return None
@@ -175,7 +180,7 @@ def drive(spec_path: str) -> None:
         return local_tracer
 
     def global_tracer(frame, event, arg):
-        if os.path.realpath(frame.f_code.co_filename) != script:
+        if not is_script(frame.f_code.co_filename):
             return None
         if frame.f_code.co_name == "<module>":
             module_globals["globals"] = frame.f_globals
@@ -184,7 +189,7 @@ def drive(spec_path: str) -> None:
     def script_frames():
         frame = sys._getframe(2)
         while frame is not None:
-            if os.path.realpath(frame.f_code.co_filename) == script:
+            if is_script(frame.f_code.co_filename):
                 yield frame
             frame = frame.f_back
 
