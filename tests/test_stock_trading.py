@@ -1,10 +1,13 @@
 """StockTrading-v0 (cleanrl_utils/envs/stock_trading.py, stock_data.py): trades against hand computations (costs,
 sells before buys, cash-limited buys, the dead zone), value conserved without costs, no negative cash or holdings
 whatever the action, turbulence (FinRL's formula) and liquidation, no look-ahead, the batched env against single envs,
-the data loaders and their bad input, and the continuous scripts taking the id with --env-options."""
+the data loaders and their bad input (each bad file made from a good one: a date missing for one ticker, NaN highs,
+an unadjusted split, dd/mm/yyyy dates, a duplicate row, a short or late ticker ... refused in one line naming the
+ticker and the dates), and the continuous scripts taking the id with --env-options."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -363,7 +366,21 @@ def test_default_data_ships_offline():
     market = load_market("default", ("AAPL", "XOM"))
     assert market.tickers == ("AAPL", "XOM") and len(market.dates) == 8313
     assert str(market.dates[0]) == "1990-01-02" and str(market.dates[-1]) == "2022-12-28"
-    assert len(stock_data.default_prices()["tic"].unique()) == 20
+    # The data's checks change nothing in what is loaded: the figures the loader gave before them.
+    loaded = hashlib.sha256(market.dates.astype(np.int64).tobytes() + market.close.tobytes()).hexdigest()
+    assert loaded == "2c13351dd184ffd2faad4db1bde547c5a72f566dc51ea2118406a69cb854c504"
+    np.testing.assert_allclose(
+        market.indicators[-1, 1, :4],
+        [-0.0383080582664661, 109.879601710257, 100.396498289743, 53.2877782340616],
+        rtol=1e-9,
+    )
+    assert market.turbulence.sum() == pytest.approx(17702.978701921416, rel=1e-9)
+    assert StockOptions(tickers=("AAPL", "XOM")).period_market().dates[0] == np.datetime64("2009-01-02")
+    # ... and every one of its 20 stocks passes them (RRC's stale 1990 quote moves 3.001x in a day, not a split).
+    frame = stock_data.default_prices().sort_values(["tic", "date"], kind="stable")
+    tickers = tuple(sorted(frame["tic"].unique()))
+    assert len(tickers) == 20
+    stock_data.check_prices(frame, tickers, "the default data")
 
 
 def test_yfinance_download_becomes_finrls_long_format(monkeypatch, tmp_path):
@@ -390,19 +407,49 @@ def test_yfinance_download_becomes_finrls_long_format(monkeypatch, tmp_path):
 # --- bad input: one line naming the problem ------------------------------------------------------
 
 
-def bad_csv(tmp_path, kind):
-    path = write_prices(tmp_path / f"{kind}.csv", days=40)
-    frame = pd.read_csv(path)
+def bad_csv(tmp_path, kind, prices):
+    """The good made-up file `prices` (write_prices: AAA, BBB, CCC over 400 business days from 2018-01-01, dated
+    YYYY-MM-DD, one row per day and ticker in date order) spoiled one way: `kind` says how."""
+    frame = pd.read_csv(prices)
+    day = pd.to_datetime(frame["date"]).rank(method="dense").astype(int) - 1  # 0 .. 399
+    bbb, ccc = frame["tic"] == "BBB", frame["tic"] == "CCC"
     if kind == "columns":
         frame = frame.drop(columns=["high", "volume"])
-    else:  # a date of BBB out of order
-        rows = frame.index[frame.tic == "BBB"]
+    elif kind == "dates":  # a date of BBB out of order
+        rows = frame.index[bbb]
         frame.loc[rows[10], "date"], frame.loc[rows[11], "date"] = (
             frame.loc[rows[11], "date"],
             frame.loc[rows[10], "date"],
         )
+    elif kind == "missing date":  # day 40, 2018-02-26
+        frame = frame[~(bbb & (day == 40))]
+    elif kind == "60 missing days":  # days 100 .. 159, 2018-05-21 .. 2018-08-10
+        frame = frame[~(bbb & day.between(100, 159))]
+    elif kind.startswith("nan "):  # day 50, 2018-03-12: an empty field
+        frame.loc[bbb & (day == 50), kind.removeprefix("nan ")] = np.nan
+    elif kind.startswith("unadjusted split"):  # 10:1 on day 200, 2018-10-08: earlier prices x10, volumes / 10
+        before = bbb & (day < 200)
+        frame.loc[before, ["open", "high", "low", "close"]] *= 10.0
+        frame.loc[before, "volume"] /= 10.0
+        if kind.endswith("closes only"):  # as the default data: open = high = low = close, volume 0
+            frame[["open", "high", "low"]] = frame[["close"] * 3].to_numpy()
+            frame["volume"] = 0.0
+    elif kind == "dd/mm/yyyy":
+        frame["date"] = pd.to_datetime(frame["date"]).dt.strftime("%d/%m/%Y")
+    elif kind == "duplicated row":  # BBB's row of day 10, 2018-01-15 (line 33), twice
+        frame = pd.concat([frame, frame[bbb & (day == 10)]]).sort_index(kind="stable")
+    elif kind == "short ticker":  # CCC's first 100 days only, to 2018-05-18
+        frame = frame[~(ccc & (day >= 100))]
+    elif kind == "late-listed ticker":  # CCC from day 200, 2018-10-08
+        frame = frame[~(ccc & (day < 200))]
+    elif kind == "market closed":  # days 100 .. 159 of every ticker
+        frame = frame[~day.between(100, 159)]
+    path = tmp_path / f"{kind.replace('/', '-')}.csv"
     frame.to_csv(path, index=False)
     return str(path)
+
+
+LEAVE_BBB_OUT = 'or leave BBB out ("tickers": ["AAA", "CCC"])'
 
 
 @pytest.mark.parametrize(
@@ -421,11 +468,32 @@ def bad_csv(tmp_path, kind):
         ("columns", ["missing columns high, volume", "date, tic, open, high, low, close, volume"]),
         ("dates", ["dates of BBB do not increase at line 36", "2018-01-15 after 2018-01-16"]),
         ("not json", ["--env-options is not JSON"]),
+        # Data that the old loader took (or refused without naming the ticker or the dates):
+        ("60 missing days", ["BBB has no row for 60 dates from 2018-05-21 to 2018-08-10, which AAA, CCC trade"]),
+        ("nan high", ["BBB has a high that is missing or not positive (nan) on 2018-03-12", "fill in its highs"]),
+        ("nan low", ["BBB has a low that is missing or not positive (nan) on 2018-03-12", LEAVE_BBB_OUT]),
+        ("nan volume", ["BBB has a volume that is missing or negative (nan) on 2018-03-12", LEAVE_BBB_OUT]),
+        (
+            "unadjusted split",
+            ["BBB's close goes from", "on 2018-10-05 to", "on 2018-10-08", "median volume x", "unadjusted 10:1 split"],
+        ),
+        ("unadjusted split, closes only", ["on 2018-10-08", "20-day median close x0.", "unadjusted 10:1 split"]),
+        ("dd/mm/yyyy", ["line 2 (AAA) has the date '01/01/2018'", "dd/mm/yyyy or mm/dd/yyyy", "as YYYY-MM-DD"]),
+        ("duplicated row", ["BBB has 2 rows for 2018-01-15, lines 33, 34 (identical)", "keep one row per ticker"]),
+        (
+            "short ticker",
+            ["CCC has rows until 2018-05-18 only, before the last day 2019-07-12", "test_end 2018-05-19", "leave CCC"],
+        ),
+        (
+            "late-listed ticker",
+            ["CCC has rows from 2018-10-08 only, after the first day 2018-01-01", 'out ("tickers": ["AAA", "BBB"])'],
+        ),
+        ("market closed", ["no ticker has a row between 2018-05-18 and 2018-08-13 (87 days", "train_start 2018-08-13"]),
     ],
 )
 def test_bad_options_stop_in_one_line(case, fragments, prices, tmp_path, capsys):
-    if case in ("columns", "dates"):
-        text = json.dumps(options(bad_csv(tmp_path, case)))
+    if isinstance(case, str) and case != "not json":
+        text = json.dumps(options(bad_csv(tmp_path, case, prices)))
     else:
         text = case if isinstance(case, str) else json.dumps(options(prices, **case))
     spec = gym.spec(ENV_ID)
@@ -436,6 +504,22 @@ def test_bad_options_stop_in_one_line(case, fragments, prices, tmp_path, capsys)
     assert len(lines) == 1, lines
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+def test_a_script_stops_on_a_date_missing_for_one_ticker(workdir, prices, tmp_path):
+    """Through the command a user runs: the old loader dropped 2018-02-26 for every ticker and trained on."""
+    flags = ["--env-id", ENV_ID, "--env-options", json.dumps(options(bad_csv(tmp_path, "missing date", prices)))]
+    flags += ["--total-timesteps", "64", "--num-steps", "32", "--num-minibatches", "1", "--update-epochs", "1"]
+    result = run_script("ppo_continuous_action.py", *flags, cwd=workdir)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert_bad_input(
+        result,
+        workdir,
+        "--env-options for StockTrading-v0",
+        "BBB has no row for 2018-02-26, which AAA, CCC trade",
+        "add BBB's rows for them",
+        LEAVE_BBB_OUT,
+    )
 
 
 def test_the_library_raises_a_value_error(prices):

@@ -8,6 +8,9 @@ gymnasium env and a torch-batched vector env of many portfolios on the training 
 Data (cleanrl_utils/envs/stock_data.py): `data` "default" (20 S&P 500 stocks' daily closes, shipped in skfolio) or a
 CSV in FinRL's long format; `tickers` (default: all). Periods as FinRL's data_split (start included, end excluded):
 training [train_start, test_start), test [test_start, test_end); test_end None runs to the data's last day.
+Data that cannot be traded as they are (a date missing for one ticker, a missing high, an unadjusted split, a
+ticker listed after train_start ...: stock_data's docstring) stop with one line naming the ticker, the dates and
+what to do.
 `period` "train" starts each episode on a day drawn uniformly so that `episode_days` trading days follow it in the
 training period (None: the whole period from its first day); "test" always plays the whole test period from its
 first day (the backtest: cleanrl_utils/backtest.py). An episode starts with `initial_cash` (1e6) and no shares.
@@ -55,7 +58,7 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from cleanrl_utils.envs.stock_data import INDICATORS, DataError, Market, load_market
+from cleanrl_utils.envs.stock_data import INDICATORS, MAX_CLOSED_DAYS, DataError, Market, leave_out, load_market
 
 ENV_ID = "StockTrading-v0"
 DEAD_ZONE = 0.1  # ElegantRL's: |action| below it trades nothing
@@ -110,7 +113,7 @@ class StockOptions:
         if self.episode_days is not None and not (isinstance(self.episode_days, int) and self.episode_days > 0):
             raise DataError(f"episode_days must be a positive whole number or None, got {self.episode_days!r}")
         market = load_market(self.data, self.tickers)
-        first, last = market.dates[0], market.dates[-1]
+        first, last = market.calendar[0], market.calendar[-1]
         bounds = {}
         for name in ("train_start", "test_start", "test_end"):
             value = getattr(self, name)
@@ -128,6 +131,28 @@ class StockOptions:
             raise DataError(f"the test period [{split}, {end}) is outside the data, which ends on {last}")
         if not start < split < end:
             raise DataError(f"the dates must increase: train_start {start}, test_start {split}, test_end {end}")
+        days = market.calendar[(market.calendar >= start) & (market.calendar < end)]  # both periods' trading days
+        if not days.size:
+            raise DataError(f"no trading day in [{start}, {end})")
+        for tic, (listed, ended) in zip(market.tickers, market.spans):
+            if listed > days[0]:
+                raise DataError(
+                    f"{tic} has rows from {listed} only, after the first day {days[0]} of the training period: "
+                    f"start training on {listed} or later (train_start), {leave_out(tic, market.tickers)}"
+                )
+            if ended < days[-1]:
+                raise DataError(
+                    f"{tic} has rows until {ended} only, before the last day {days[-1]} of the test period: end the "
+                    f"test by then (test_end {ended + 1}, test_start before it), {leave_out(tic, market.tickers)}"
+                )
+        closed = np.flatnonzero(np.diff(days) > np.timedelta64(MAX_CLOSED_DAYS, "D"))
+        if closed.size:
+            before, after = days[closed[0]], days[closed[0] + 1]
+            raise DataError(
+                f"no ticker has a row between {before} and {after} ({(after - before).astype(int)} days; no holiday "
+                f"closes an exchange for over {MAX_CLOSED_DAYS}): add the days between, or keep the periods on one "
+                f"side of it (train_start {after} or later, or test_end {before + 1} or earlier)"
+            )
         chosen = market.between(*((start, split) if self.period == "train" else (split, end)))
         days = len(chosen.dates)
         needed = (self.episode_days or 1) + 1 if self.period == "train" else 2
