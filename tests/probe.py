@@ -15,7 +15,8 @@ that subprocess's driver: `python tests/probe.py SPEC`). Two observers are insta
   "step". A script that counts its steps at the top of its loop body shows there the previous step's values.
 - `at_backward`: `torch.Tensor.backward` and `torch.autograd.backward` are wrapped; at each call the named variables
   are copied from the script's innermost frame that has them, with the loss itself (key "loss") and the innermost
-  script function calling backward (key "where").
+  script function calling backward (key "where"). A dotted name copies an attribute of a local (`rb.tree.nodes`,
+  `q_network.value.0.eps_in`: what a state dict leaves out, such as a noisy layer's non-persistent noise buffers).
 
 Copies: tensors detached and moved to the CPU (dtype kept), numpy arrays copied, nn.Modules and objects with a
 state_dict() as their state dicts, other objects as copies of their attributes (`vars`), containers element-wise.
@@ -201,9 +202,13 @@ def drive(spec_path: str) -> None:
             return
         entry = {"loss": copy_value(loss), "where": frames[0].f_code.co_name, "step": current_step(frames[0])}
         for name in at_backward:
+            head, *attributes = name.split(".")
             for frame in frames:
-                if name in frame.f_locals:
-                    entry[name] = copy_value(frame.f_locals[name])
+                if head in frame.f_locals:
+                    value = frame.f_locals[head]
+                    for attribute in attributes:  # a dotted name: an attribute of a local
+                        value = getattr(value, attribute, None)
+                    entry[name] = copy_value(value)
                     break
         seen["backward"].append(entry)
 
