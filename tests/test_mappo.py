@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import mappo
 import numpy as np
@@ -151,6 +152,217 @@ def test_mpe_global_state_is_mpe2_state():
         np.testing.assert_allclose(mappo.global_state(obs)[index].numpy(), envs.envs[index].state(), rtol=1e-6)
 
 
+# --- the loop's own wiring ----------------------------------------------------------------------------
+# The script runs unchanged under tests/probe.py on probe/walk (tests/probe_multiagent_envs.py: three agents whose
+# worlds terminate and truncate every few steps); at every loss's backward() the probe copies the rollout storage,
+# the batches, the minibatch's indices, the agent, the value normaliser and the optimiser. The tests replay the
+# environment with the stored actions, and recompute values, GAE, value-normalisation statistics, targets and every
+# minibatch's loss with plain code of their own. Two runs: discrete actions with the centralised critic (MAPPO), and
+# continuous actions with --independent (IPPO, under its own --exp-name, with --save-model).
+WIRING = ["--env-id", "probe/walk", "--num-envs", "4", "--num-steps", "8", "--num-minibatches", "2"]
+WIRING += ["--update-epochs", "2", "--hidden-size", "16", "--total-timesteps", "96", "--gamma", "0.9"]
+WIRING += ["--gae-lambda", "0.8", "--value-norm-beta", "0.9"]
+WIRING_RUNS = {
+    "mappo": ["--no-continuous-actions"],
+    "ippo": ["--independent", "--exp-name", "ippo", "--save-model", "--eval-episodes", "2"],
+}
+AT_BACKWARD = ["obs", "actions", "logprobs", "rewards", "terminations", "truncations", "final_obs", "next_obs"]
+AT_BACKWARD += ["b_critic_in", "b_targets", "b_advantages", "b_old_values", "mb_inds", "agent", "value_norm"]
+AT_BACKWARD += ["optimizer", "iteration"]
+GAMMA, LAM, BETA, CLIP, ENVS, STEPS, N_AGENTS = 0.9, 0.8, 0.9, 0.2, 4, 8, 3
+
+
+@pytest.fixture(scope="module", params=list(WIRING_RUNS))
+def wiring(request, tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp(request.param)
+    flags = WIRING + WIRING_RUNS[request.param]
+    trace = probe_script(SCRIPT, flags, cwd, at_backward=AT_BACKWARD, preload=["probe_multiagent_envs"])
+    iterations = {}
+    for update in trace.backward:
+        iterations.setdefault(update["iteration"], []).append(update)
+    continuous, independent = request.param == "ippo", request.param == "ippo"
+    return SimpleNamespace(trace=trace, cwd=cwd, iterations=iterations, continuous=continuous, independent=independent)
+
+
+def plain_mlp(weights: dict, prefix: str, x: torch.Tensor) -> torch.Tensor:
+    """Linear, tanh, linear, tanh, linear, from a state dict's `prefix`.0/.2/.4 weights."""
+    for layer in (0, 2, 4):
+        x = x @ weights[f"{prefix}.{layer}.weight"].T + weights[f"{prefix}.{layer}.bias"]
+        x = torch.tanh(x) if layer < 4 else x
+    return x
+
+
+def one_hot_ids(obs: torch.Tensor) -> torch.Tensor:
+    return torch.eye(obs.shape[-2]).expand(*obs.shape[:-1], obs.shape[-2])
+
+
+def plain_critic(weights: dict, obs: torch.Tensor, independent: bool) -> torch.Tensor:
+    """V of every agent, [..., n_agents], from the state: all agents' observations in agent order (MAPPO) or the
+    agent's own (IPPO), then the agent's one-hot id."""
+    seen = obs if independent else obs.flatten(-2).unsqueeze(-2).expand(*obs.shape[:-1], obs.shape[-2] * obs.shape[-1])
+    return plain_mlp(weights, "critic", torch.cat([seen, one_hot_ids(obs)], -1)).squeeze(-1)
+
+
+def plain_policy(weights: dict, obs: torch.Tensor, actions: torch.Tensor, continuous: bool):
+    """(log-probability, entropy) of each agent's action under the shared actor fed [own observation, id]."""
+    out = plain_mlp(weights, "actor", torch.cat([obs, one_hot_ids(obs)], -1))
+    if continuous:
+        log_std = weights["actor_logstd"].expand_as(out)
+        log_prob = -((actions - out) ** 2) / (2 * torch.exp(2 * log_std)) - log_std - 0.5 * np.log(2 * np.pi)
+        return log_prob.sum(-1), (0.5 + 0.5 * np.log(2 * np.pi) + log_std).sum(-1)
+    log_p = torch.log_softmax(out, -1)
+    return log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
+
+
+def norm_stats(state: dict | None) -> tuple[float, float]:
+    """ValueNorm's (mean, std) from its buffers, written out: debiased averages, variance at least 1e-2."""
+    if state is None:
+        return 0.0, 0.1
+    debias = max(state["debiasing_term"].item(), 1e-5)
+    mean, mean_sq = state["running_mean"].item() / debias, state["running_mean_sq"].item() / debias
+    return mean, np.sqrt(max(mean_sq - mean**2, 1e-2))
+
+
+def test_the_loop_stores_what_the_environment_returned_for_the_actions_it_sampled(wiring):
+    from probe_multiagent_envs import make_walk
+
+    iterations = [updates[0] for _, updates in sorted(wiring.iterations.items())]
+    assert len(iterations) == 3 and all(len(updates) == 4 for updates in wiring.iterations.values())
+    envs = make_walk(ENVS, torch.device("cpu"), 1, wiring.continuous)  # the script's seed
+    expected_obs = envs.reset()
+    ended = {"terminations": 0, "truncations": 0, "both": 0}
+    clipped = 0
+    for rollout in iterations:
+        for t in range(STEPS):
+            assert torch.equal(rollout["obs"][t], expected_obs), f"obs at step {t}"
+            actions = rollout["actions"][t]
+            if wiring.continuous:  # the policy's sample is stored; the environment gets it clipped to the bounds
+                clipped += int((actions.abs() > 1).sum())
+                actions = actions.clamp(-1, 1)
+            expected_obs, rewards, terminated, truncated, final_obs, _ = envs.step(actions)
+            assert torch.equal(rollout["rewards"][t], rewards)
+            assert rollout["terminations"][t].tolist() == terminated.float().tolist()
+            assert rollout["truncations"][t].tolist() == truncated.float().tolist()
+            assert torch.equal(rollout["final_obs"][t], final_obs)
+            ended["terminations"] += int(terminated.sum())
+            ended["truncations"] += int(truncated.sum())
+            ended["both"] += int((terminated & truncated).sum())
+        assert torch.equal(rollout["next_obs"], expected_obs)
+    assert ended["terminations"] >= 5 and ended["truncations"] >= 5, ended
+    assert not wiring.continuous or clipped > 20
+
+
+def test_values_gae_value_normalisation_and_targets_match_a_plain_computation(wiring):
+    previous_norm = None
+    for k, (iteration, updates) in enumerate(sorted(wiring.iterations.items())):
+        rollout = updates[0]  # the weights before this iteration's first optimiser step: those that collected it
+        weights = rollout["agent"]
+        # The stored log-probabilities are the acting policy's, of the stored (unclipped) actions.
+        log_prob, _ = plain_policy(weights, rollout["obs"], rollout["actions"], wiring.continuous)
+        torch.testing.assert_close(rollout["logprobs"], log_prob, rtol=1e-5, atol=1e-5)
+        # The critic sees the global state (MAPPO) or the agent's own observation (IPPO), with the agent's id.
+        obs = rollout["obs"]
+        seen = obs if wiring.independent else obs.flatten(-2).unsqueeze(-2).expand(STEPS, ENVS, N_AGENTS, -1)
+        assert torch.equal(rollout["b_critic_in"], torch.cat([seen, one_hot_ids(obs)], -1).reshape(96, -1))
+        # Values in return units: the critic's normalised outputs de-normalised with the statistics from before
+        # this rollout; each step bootstrapped from the value of its true next observation (final_obs).
+        mean, std = norm_stats(previous_norm)
+        with torch.no_grad():
+            raw = plain_critic(weights, obs, wiring.independent).double()
+            next_values = (plain_critic(weights, rollout["final_obs"], wiring.independent) * std + mean).double()
+        values = raw * std + mean
+        rewards, term, trunc = (rollout[name].double() for name in ("rewards", "terminations", "truncations"))
+        advantages = torch.zeros_like(values)
+        for env in range(ENVS):
+            for agent in range(N_AGENTS):
+                running = 0.0
+                for t in reversed(range(STEPS)):
+                    bootstrap = 0.0 if term[t, env] else GAMMA * next_values[t, env, agent]
+                    delta = rewards[t, env, agent] + bootstrap - values[t, env, agent]
+                    running = delta if term[t, env] or trunc[t, env] else delta + GAMMA * LAM * running
+                    advantages[t, env, agent] = running
+        np.testing.assert_allclose(rollout["b_advantages"].numpy(), advantages.flatten().numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(rollout["b_old_values"].numpy(), raw.flatten().numpy(), rtol=1e-5, atol=1e-6)
+        # The statistics take in this rollout's returns (an EMA of batch means, debiased), and the critic's
+        # targets are the returns normalised with the updated statistics.
+        returns = advantages + values
+        old = previous_norm or {key: torch.zeros((), dtype=torch.float64) for key in rollout["value_norm"]}
+        want = {
+            "running_mean": BETA * old["running_mean"] + (1 - BETA) * returns.mean(),
+            "running_mean_sq": BETA * old["running_mean_sq"] + (1 - BETA) * returns.square().mean(),
+            "debiasing_term": BETA * old["debiasing_term"] + (1 - BETA),
+        }
+        for key, value in want.items():
+            assert rollout["value_norm"][key].item() == pytest.approx(value.item(), rel=1e-5), key
+        mean, std = norm_stats(rollout["value_norm"])
+        np.testing.assert_allclose(
+            rollout["b_targets"].numpy(), ((returns - mean) / std).flatten().numpy(), rtol=1e-4, atol=1e-5
+        )
+        assert k == 0 or abs(mean) > 0.1, "the statistics should be away from (0, 1) for this test to mean anything"
+        # Learning-rate annealing: from 3e-4 at the first iteration down by 1/3 per iteration.
+        assert rollout["optimizer"]["param_groups"][0]["lr"] == pytest.approx(3e-4 * (1 - (iteration - 1) / 3))
+        previous_norm = rollout["value_norm"]
+
+
+def test_every_minibatch_loss_matches_the_clipped_ppo_loss_computed_plainly(wiring):
+    ent_coef = 0.0 if wiring.continuous else 0.01
+    for updates in wiring.iterations.values():
+        first = updates[0]
+        obs = first["obs"].reshape(96, -1)
+        actions = first["actions"].reshape(96, *first["actions"].shape[3:])
+        # Flattened in (step, env, agent) order: sample (t * envs + e) * agents + i is agent i of world e at step t.
+        agents = torch.arange(96) % N_AGENTS
+        covered = []
+        for update in updates:
+            mb = update["mb_inds"]
+            covered.append(mb)
+            # The agents' observations stacked as [B, 1, obs] with each sample's own id appended by hand.
+            actor_in = torch.cat([obs[mb], torch.eye(N_AGENTS)[agents[mb]]], -1)
+            weights = update["agent"]
+            with torch.no_grad():
+                out = plain_mlp(weights, "actor", actor_in)
+                if wiring.continuous:
+                    log_std = weights["actor_logstd"].expand_as(out)
+                    dist_log_prob = -((actions[mb] - out) ** 2) / (2 * torch.exp(2 * log_std)) - log_std
+                    new_log_prob = (dist_log_prob - 0.5 * np.log(2 * np.pi)).sum(-1)
+                    entropy = (0.5 + 0.5 * np.log(2 * np.pi) + log_std).sum(-1)
+                else:
+                    log_p = torch.log_softmax(out, -1)
+                    new_log_prob = log_p[torch.arange(len(mb)), actions[mb]]
+                    entropy = -(log_p.exp() * log_p).sum(-1)
+                new_value = plain_mlp(weights, "critic", first["b_critic_in"][mb]).squeeze(-1)
+            ratio = torch.exp(new_log_prob - first["logprobs"].reshape(-1)[mb])
+            adv = first["b_advantages"][mb]
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - CLIP, 1 + CLIP)).mean()
+            old_value, target = first["b_old_values"][mb], first["b_targets"][mb]
+            clipped_value = old_value + (new_value - old_value).clamp(-CLIP, CLIP)
+            v_loss = 0.5 * torch.max((new_value - target) ** 2, (clipped_value - target) ** 2).mean()
+            loss = pg_loss - ent_coef * entropy.mean() + 1.0 * v_loss
+            assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)
+        for epoch in range(2):  # each epoch's minibatches split one permutation of the batch
+            assert sorted(torch.cat(covered[2 * epoch : 2 * epoch + 2]).tolist()) == list(range(96))
+
+
+def test_the_probe_runs_log_every_loss_and_the_ippo_run_saves_under_its_own_name(wiring):
+    (run_dir,) = run_dirs(wiring.cwd)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS + [f"charts/episodic_return_agent{i}" for i in range(3)])
+    assert [step for step, _ in scalars["losses/value_loss"]] == [32, 64, 96]
+    args = load_args(run_dir)
+    if wiring.independent:
+        # benchmark/mappo.sh runs IPPO as --exp-name ippo: its run, model and evaluation carry that name,
+        # while the model still names mappo.py as the script that saved it.
+        assert "__ippo__" in run_dir.name and args["critic"] == "independent" and args["ent_coef"] == 0.0
+        model = load(run_dir / "ippo.cleanrl_model")
+        assert model["script"] == "mappo" and model["exp_name"] == "ippo"
+        assert len(scalars["eval/episodic_return"]) == 2
+    else:
+        assert args["critic"] == "centralised" and args["continuous_actions"] is False and args["ent_coef"] == 0.01
+
+
 # --- smoke runs -----------------------------------------------------------------------------------
 
 
@@ -202,40 +414,12 @@ def test_smoke_vmas_navigation_continuous_with_save_model_and_evaluation(workdir
     assert "mappo.py on vmas/navigation" in evaluated.stdout and "over 2 episodes" in evaluated.stdout
 
 
-def test_smoke_vmas_balance_discrete(workdir):
-    _, run_dir, scalars = smoke(
-        workdir,
-        "--env-id",
-        "vmas/balance",
-        "--no-continuous-actions",
-        "--total-timesteps",
-        "120",
-        "--max-episode-steps",
-        "10",
-    )
-    assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS + [f"charts/episodic_return_agent{i}" for i in range(3)])
-    assert "charts/episodic_return_agent3" not in scalars
-    assert load_args(run_dir)["continuous_actions"] is False and load_args(run_dir)["ent_coef"] == 0.01
-
-
 def test_smoke_mpe_simple_spread_discrete(workdir):
     _, _, scalars = smoke(
         workdir, "--env-id", "mpe/simple_spread_v3", "--no-continuous-actions", "--total-timesteps", "120"
     )
     assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS + [f"charts/episodic_return_agent{i}" for i in range(3)])
     assert all(length == 25 for _, length in scalars["charts/episodic_length"])  # MPE's default horizon
-
-
-def test_smoke_mpe_continuous_ippo_under_its_own_exp_name(workdir):
-    # benchmark/mappo.sh runs IPPO as --exp-name ippo: its run, model and evaluation carry that name,
-    # while the model still names mappo.py as the script that saved it.
-    flags = ["--env-id", "mpe/simple_spread_v3", "--total-timesteps", "120", "--independent", "--exp-name", "ippo"]
-    result, run_dir, scalars = smoke(workdir, *flags, "--save-model", "--eval-episodes", "2")
-    assert_finite_keys(scalars, LOSS_KEYS + EPISODE_KEYS + ["eval/episodic_return"])
-    assert "__ippo__" in run_dir.name and load_args(run_dir)["critic"] == "independent"
-    model = load(run_dir / "ippo.cleanrl_model")
-    assert model["script"] == "mappo" and model["exp_name"] == "ippo"
-    assert mappo.evaluate(run_dir / "ippo.cleanrl_model", 2, torch.device("cpu"))[0] < 0
 
 
 def load_args(run_dir) -> dict:
