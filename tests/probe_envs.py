@@ -36,5 +36,11 @@ class ProbeWalk(gym.Env):
         return np.array([self.position, self.steps / 8, self.np_random.uniform(-1, 1)], dtype=np.float32)
 
 
+def probe_walk_ends(final_obs: np.ndarray) -> tuple[bool, bool]:
+    """(terminated, truncated) of a ProbeWalk-v0 episode that ended in `final_obs`, read from its position and step
+    count: for tests that see the true final observation of a step but not its flags."""
+    return bool(abs(final_obs[0]) >= 3), bool(final_obs[1] >= 1)
+
+
 if "ProbeWalk-v0" not in gym.registry:
     gym.register("ProbeWalk-v0", entry_point=ProbeWalk, max_episode_steps=8)
