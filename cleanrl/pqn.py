@@ -8,7 +8,8 @@ Q(lambda) returns computed backwards over the rollout, and the network fits them
 Action space: Discrete. Observations: a flat Box. Environments: vectorised gymnasium (classic control: CartPole-v1,
 Acrobot-v1, MountainCar-v0 ...). Only a termination cuts the bootstrap; a time-limit truncation bootstraps with the
 max Q of the true final observation and stops the lambda-recursion there. Network: CleanRL's pqn.py sizes
-(Linear-LayerNorm-ReLU of 120 then 84 units); optimiser: RAdam with gradient clipping. Checkpoints hold the pickled
+(Linear-LayerNorm-ReLU of 120 then 84 units); loss: the mean squared error against the returns, as CleanRL's (so
+--max-grad-norm clips the same gradient); optimiser: RAdam with gradient clipping. Checkpoints hold the pickled
 simulators: a resumed run on the CPU continues exactly as the uninterrupted one would.
 
     uv run python cleanrl/pqn.py --env-id CartPole-v1
@@ -24,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import tyro
 
 from cleanrl_utils.checkpoint import load_model, restore_envs, snapshot_envs
@@ -340,7 +342,8 @@ if __name__ == "__main__":
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb_inds = b_inds[start : start + args.minibatch_size]
                 q_values = q_network(b_obs[mb_inds]).gather(1, b_actions[mb_inds].unsqueeze(1)).squeeze(1)
-                loss = 0.5 * ((q_values - b_returns[mb_inds]) ** 2).mean()
+                # The mean squared error, as CleanRL's F.mse_loss (no factor 1/2: --max-grad-norm means the same).
+                loss = F.mse_loss(q_values, b_returns[mb_inds])
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)

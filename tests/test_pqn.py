@@ -1,4 +1,5 @@
-"""pqn.py: smoke run, Q(lambda) returns against a plain loop, bad input, checkpoints and resume."""
+"""pqn.py: Q(lambda) returns against a plain loop; the script's own loop (rollouts, returns, every loss, schedules) on
+ProbeWalk, which is the smoke run too; bad input, checkpoints and resume."""
 
 from __future__ import annotations
 
@@ -20,19 +21,6 @@ PQN_KEYS = [
     "losses/td_loss",
     "losses/q_values",
 ]
-
-
-def test_smoke_writes_finite_scalars_and_evaluates_saved_model(workdir):
-    flags = [*TINY, "--total-timesteps", "640", "--save-model", "--eval-episodes", "2"]
-    result = run_script("pqn.py", *flags, cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    (run_dir,) = run_dirs(workdir)
-    scalars = read_scalars(run_dir)
-    assert_finite_keys(scalars, PQN_KEYS + ["eval/episodic_return"])
-    assert len(scalars["eval/episodic_return"]) == 2
-    assert len(scalars["losses/td_loss"]) == 10  # one log per iteration of 2 x 32 steps
-    assert torch.load(run_dir / "pqn.cleanrl_model", weights_only=False)["script"] == "pqn"
-    assert "640/640 steps" in result.stdout
 
 
 # --- the maths -------------------------------------------------------------------------------
@@ -156,3 +144,145 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(workdir, tmp_path_
     assert resumed_weights.keys() == straight_weights.keys()
     for key in resumed_weights:
         assert torch.equal(resumed_weights[key], straight_weights[key]), key
+
+
+# --- the loop's own wiring -------------------------------------------------------------------
+# The script runs unchanged under tests/probe.py, which copies what its loop saw at every step and what every loss was
+# computed from; the tests rebuild the rollouts, the Q(lambda) returns and the losses from those copies. The run is on
+# tests/probe_envs.py's ProbeWalk-v0, whose episodes end every few steps, by termination and by time-limit truncation
+# (which bootstraps from the true final observation), and it is the smoke run too: its model is saved and evaluated.
+LOOP_FLAGS = ["--env-id", "ProbeWalk-v0", *TINY, "--gamma", "0.9", "--q-lambda", "0.7", "--exploration-fraction", "0.4"]
+LOOP_FLAGS += ["--end-e", "0.3", "--total-timesteps", "640", "--save-model", "--eval-episodes", "2"]
+STEP_NAMES = ["next_obs", "action", "reward", "terminated", "truncated", "infos", "epsilon"]
+BATCH_NAMES = ["b_obs", "b_actions", "b_returns", "mb_inds", "q_network", "next_obs"]
+BATCH_NAMES += ["action", "reward", "infos", "bootstrap_final"]
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("loop")
+    trace = probe_script("pqn.py", LOOP_FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES, preload=["probe_envs"])
+    return trace, cwd
+
+
+def rollouts(trace, num_envs: int = 2, num_steps: int = 32) -> list[dict]:
+    """Per iteration, what its loop saw: the observations acted on, the actions, what the env returned, epsilon, and
+    the observation after the rollout. A watched entry is taken right after the step counter moves, before the env is
+    stepped: the env's answer to a step shows in the next entry. A rollout's last answer shows at its first backward,
+    where `terminated` and `truncated` name the rollout's stored flags instead: there the episode ends come from
+    `infos` (an episode ended) and `bootstrap_final` (it was truncated, not terminated)."""
+    entries = [entry for entry in trace.steps if entry["step"] > 0]
+    updates = {}
+    for update in trace.backward:
+        updates.setdefault(update["step"], []).append(update)
+    found = []
+    for i, step in enumerate(sorted(updates)):
+        acted = entries[i * num_steps : (i + 1) * num_steps]
+        assert [entry["step"] for entry in acted] == [step - (num_steps - t - 1) * num_envs for t in range(num_steps)]
+        answers = entries[i * num_steps + 1 : (i + 1) * num_steps]
+        last = updates[step][0]
+        ended = last["infos"].get("_final_obs", np.zeros(num_envs, dtype=bool))
+        last_answer = dict(terminated=ended & ~last["bootstrap_final"], truncated=last["bootstrap_final"])
+        answers.append(last_answer | {name: last[name] for name in ("action", "reward", "infos")})
+        found.append(
+            dict(
+                obs=torch.stack([entry["next_obs"] for entry in acted]),
+                epsilon=[entry["epsilon"] for entry in acted],
+                actions=torch.stack([answer["action"] for answer in answers]),
+                rewards=np.stack([answer["reward"] for answer in answers]),
+                terminated=np.stack([answer["terminated"] for answer in answers]),
+                truncated=np.stack([answer["truncated"] for answer in answers]),
+                infos=[answer["infos"] for answer in answers],
+                after=last["next_obs"],
+                updates=updates[step],
+                step=step,
+            )
+        )
+    return found
+
+
+def reference_rollout_returns(rollout: dict, q_network, gamma: float, q_lambda: float) -> np.ndarray:
+    """Q(lambda) returns written out per env and step, bootstrapping from max Q of the observation that followed each
+    step: the next one acted on, the true final one where the time limit cut the episode, none after a termination."""
+    obs, rewards, terminated, truncated = (
+        rollout["obs"],
+        rollout["rewards"],
+        rollout["terminated"],
+        rollout["truncated"],
+    )
+    num_steps, num_envs = rewards.shape
+    returns = np.zeros((num_steps, num_envs))
+    for env in range(num_envs):
+        for t in reversed(range(num_steps)):
+            if terminated[t, env]:
+                returns[t, env] = rewards[t, env]
+                continue
+            if truncated[t, env]:
+                following = torch.as_tensor(rollout["infos"][t]["final_obs"][env], dtype=torch.float32)
+            else:
+                following = obs[t + 1, env] if t + 1 < num_steps else rollout["after"][env]
+            with torch.no_grad():
+                next_max_q = q_network(following.view(1, -1)).max().item()
+            if truncated[t, env] or t == num_steps - 1:
+                returns[t, env] = rewards[t, env] + gamma * next_max_q
+            else:
+                mixed = (1 - q_lambda) * next_max_q + q_lambda * returns[t + 1, env]
+                returns[t, env] = rewards[t, env] + gamma * mixed
+    return returns
+
+
+def test_loop_regresses_q_on_the_q_lambda_returns_of_its_own_rollout_with_the_full_squared_error(loop):
+    trace, _ = loop
+    found = rollouts(trace)
+    assert len(found) == 10
+    q_network = pqn.QNetwork(3, 3)
+    ends = {"terminated": 0, "truncated": 0, "cut mid-rollout": 0}
+    for rollout in found:
+        first = rollout["updates"][0]
+        assert len(rollout["updates"]) == 2 * 2  # 2 epochs of 2 minibatches
+        # The batch is the rollout, step-major, as the loop acted on it.
+        torch.testing.assert_close(first["b_obs"], rollout["obs"].reshape(-1, 3))
+        assert first["b_actions"].tolist() == rollout["actions"].reshape(-1).tolist()
+        # The returns, computed before any update of this iteration: with the network the first update found.
+        q_network.load_state_dict(first["q_network"])
+        expected = reference_rollout_returns(rollout, q_network, 0.9, 0.7)
+        np.testing.assert_allclose(first["b_returns"].numpy(), expected.reshape(-1), rtol=1e-5, atol=1e-5)
+        # Every minibatch's loss: the mean squared error (CleanRL's F.mse_loss, no factor 1/2) of Q(s, a) against
+        # those returns, with the network as that update found it.
+        for update in rollout["updates"]:
+            q_network.load_state_dict(update["q_network"])
+            rows = update["mb_inds"]
+            assert sorted(rows.tolist()) != list(range(64)) and len(set(rows.tolist())) == 32
+            with torch.no_grad():
+                q_taken = q_network(rollout["obs"].reshape(-1, 3)[rows])[torch.arange(32), first["b_actions"][rows]]
+            target = torch.as_tensor(expected.reshape(-1)[rows.numpy()], dtype=torch.float32)
+            assert update["loss"].item() == pytest.approx(((q_taken - target) ** 2).mean().item(), rel=1e-5)
+        ends["terminated"] += int(rollout["terminated"].sum())
+        ends["truncated"] += int((rollout["truncated"] & ~rollout["terminated"]).sum())
+        ends["cut mid-rollout"] += int((rollout["terminated"] | rollout["truncated"])[:-1].sum())
+    assert min(ends.values()) >= 5, ends  # the cuts and bootstraps above were exercised, several times
+
+
+def test_epsilon_and_the_learning_rate_follow_their_schedules(loop):
+    trace, cwd = loop
+    found = rollouts(trace)
+    for rollout in found:
+        for t, epsilon in enumerate(rollout["epsilon"]):
+            acted_at = rollout["step"] - (32 - t) * 2  # epsilon is computed before the step is counted
+            assert epsilon == pytest.approx(max(1 + (0.3 - 1) * acted_at / (0.4 * 640), 0.3))
+    assert found[-1]["epsilon"][-1] == 0.3
+    learning_rates = [value for _, value in read_scalars(run_dirs(cwd)[0])["charts/learning_rate"]]
+    assert learning_rates == pytest.approx([2.5e-4 * (1 - i / 10) for i in range(10)])  # annealed towards 0
+
+
+def test_smoke_logs_finite_scalars_and_evaluates_saved_model(loop):
+    trace, cwd = loop
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, PQN_KEYS + ["eval/episodic_return"])
+    assert len(scalars["eval/episodic_return"]) == 2
+    assert len(scalars["losses/td_loss"]) == 10  # one log per iteration of 2 x 32 steps
+    assert torch.load(run_dir / "pqn.cleanrl_model", weights_only=False)["script"] == "pqn"
+    assert "640/640 steps" in trace.stdout
