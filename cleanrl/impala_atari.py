@@ -6,9 +6,10 @@ rollouts of --num-steps steps (uint8 observations, actions, behaviour log-probab
 terminations, truncations, whole-game scores) through Ray's object store; the learner (a GPU when present) trains on
 --rollouts-per-update of them with V-trace targets (rho-bar = c-bar = 1) and publishes its weights once per update.
 An actor takes the newest weights when it starts a rollout, so rollouts are a few updates old: charts/policy_lag.
-A rollout holds one observation more than steps; under NEXT_STEP autoreset the observation after a game's end is its
-true final one, so the learner's value of it bootstraps a truncation. The paper's Atari settings: RMSProp, unroll 20,
-batch 32 unrolls, entropy 0.01, gradient norm 40, losses summed over the batch.
+A rollout holds one observation more than steps; under NEXT_STEP autoreset the observation after an episode's end (a
+game over, a time-limit cut or, as in CleanRL, a lost life: cleanrl_utils/envs/atari.py) is its true final one, so the
+learner's value of it bootstraps a truncation. The paper's Atari settings: RMSProp, unroll 20, batch 32 unrolls,
+entropy 0.01, gradient norm 40, losses summed over the batch.
 
 Action space: Discrete; ppo_atari.py's environments. Asynchronous, so not reproducible run to run; --resume
 restores the learner and the actors start fresh games. Every machine of a cluster needs `uv sync --extra distributed`.
@@ -211,8 +212,8 @@ class Actor:
         space = self.envs.single_observation_space
         self.agent = Agent(space.shape, int(self.envs.single_action_space.n), float(space.high.max()))
         self.version = -1  # no weights loaded yet
-        seeds = [args.seed + index * args.local_num_envs + i for i in range(args.local_num_envs)]
-        self.obs, _ = self.envs.reset(seed=seeds)
+        # One int seeds the envs with consecutive values (ale-py's vector env takes no list): disjoint across actors
+        self.obs, _ = self.envs.reset(seed=args.seed + index * args.local_num_envs)
         self.resets = np.zeros(args.local_num_envs, dtype=bool)  # envs whose next step is an autoreset
 
     def rollout(self, version: int, weights: dict) -> dict:
@@ -241,7 +242,7 @@ class Actor:
                 terminations[step] = terminated | infos["life_loss"]
                 truncations[step] = truncated
                 resets[step] = self.resets
-                self.resets = terminated | truncated  # NEXT_STEP autoreset: these envs' next step starts a new game
+                self.resets = terminated | truncated  # NEXT_STEP autoreset: the next step starts a game or a life
                 if "episode" in infos:
                     ended = infos["_episode"]
                     scores, lengths = infos["episode"]["r"][ended].tolist(), infos["episode"]["l"][ended].tolist()

@@ -1,8 +1,10 @@
 """impala_atari.py: V-trace against the paper's definition written out over Python floats, with terminations and
 truncations inside the rollout and rho/c clipping active; V-trace on on-policy data equals the n-step bootstrapped
-returns; a rollout's behaviour log-probabilities are those of the weights version it names (a real Ray actor); a
-2-actor run on a local Ray cluster that trains and logs episodic returns and the policy lag; bad input, before Ray
-(the environment id check is ppo_atari's, tested there).
+returns; a real Ray actor on an ALE game (seeded with one int: ale-py takes no list) whose rollouts are replayed here
+row by row and whose log-probabilities are those of the weights version each names; the learner's own loop under
+tests/probe.py on Breakout with 2 actors (behaviour log-probabilities by version, every loss against a plain V-trace
+loss from the learner's weights, and the run's TensorBoard keys, learning-rate schedule, policy lag and saved model);
+bad input, before Ray (the environment id check is ppo_atari's, tested there).
 
 One Ray cluster (2 CPUs, no dashboard) serves the whole module: the run joins it with --ray-address."""
 
@@ -12,14 +14,18 @@ import math
 import os
 
 import impala_atari
+import numpy as np
 import pytest
 import ray
 import torch
 from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script
 
+from cleanrl_utils.envs.atari import make_envs
+
 MINATAR = ["--env-id", "MinAtar/Breakout-v1", "--torch-threads", "1"]
 TINY = [*MINATAR, "--num-actors", "2", "--local-num-envs", "2", "--num-steps", "16", "--rollouts-per-update", "1"]
 OBS_SHAPE, N_ACTIONS = (4, 10, 10), 3  # MinAtar/Breakout-v1
+ATARI_SHAPE = (4, 84, 84)
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +40,15 @@ def cluster():
         os.environ.pop("PYTHONPATH")
     else:
         os.environ["PYTHONPATH"] = saved
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """One CPU thread, as the script runs (--torch-threads 1): a busy machine's thread pool slows small ops."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def reference_vtrace(mu, pi, rewards, values, next_values, terminations, truncations, gamma, rho_bar, c_bar):
@@ -142,27 +157,55 @@ def test_vtrace_on_policy_equals_n_step_returns():
     torch.testing.assert_close(advantages, rewards + gamma * next_vs - values)
 
 
-def perturbed_agent(seed: int) -> impala_atari.Agent:
+def perturbed_agent(seed: int, obs_shape=OBS_SHAPE, n_actions=N_ACTIONS, obs_high=1.0, scale=1.0):
     torch.manual_seed(seed)
-    agent = impala_atari.Agent(OBS_SHAPE, N_ACTIONS, 1.0)
+    agent = impala_atari.Agent(obs_shape, n_actions, obs_high)
     with torch.no_grad():
         for parameter in agent.parameters():
-            parameter.add_(torch.randn_like(parameter))  # far from the near-uniform initial policy
+            parameter.add_(scale * torch.randn_like(parameter))  # far from the near-uniform initial policy
     return agent
 
 
-def test_a_rollouts_behaviour_logprobs_come_from_the_weights_it_names(cluster):
-    """An actor given version 0's weights, then version 1's (twice): every rollout's log-probabilities are those of
-    the weights of the version it names, recomputed here from its observations and actions, not the other's."""
-    args = impala_atari.Args(env_id="MinAtar/Breakout-v1", local_num_envs=2, num_steps=8)
-    agents = {0: perturbed_agent(0), 1: perturbed_agent(1)}
+def test_an_actors_rollouts_hold_what_its_games_returned_and_the_logprobs_of_the_version_they_name(cluster):
+    """A real actor on an ALE game given version 0's weights, then version 1's (twice). Its games are replayed here
+    from the same seeds (the actor's index picks them) and the actions it sent: every row is what the env returned
+    (observations, rewards clipped to their sign, a game over or a lost life as a termination, truncations, the
+    autoreset steps, the finished games), and every behaviour log-probability is that of the weights of the version
+    its rollout names, not the other's. Asterix: points of 50 from the first steps and lives lost within ~150."""
+    args = impala_atari.Args(env_id="AsterixNoFrameskip-v4", seed=3, local_num_envs=2, num_steps=64)
+    agents = {version: perturbed_agent(version, ATARI_SHAPE, 9, 255.0, scale=0.05) for version in (0, 1)}
     stored = {version: ray.put(agent.state_dict()) for version, agent in agents.items()}
-    actor = impala_atari.Actor.remote(0, args, None)
+    actor = impala_atari.Actor.remote(1, args, None)
     try:
         rollouts = [ray.get(actor.rollout.remote(version, stored[version])) for version in (0, 1, 1)]
     finally:
         ray.kill(actor)  # its CPU is the run's
     assert [rollout["version"] for rollout in rollouts] == [0, 1, 1]
+
+    envs = make_envs("AsterixNoFrameskip-v4", 2)
+    obs, _ = envs.reset(seed=3 + 1 * 2)  # actor 1 of local_num_envs 2: seeds 5 and 6
+    ended = np.zeros(2, dtype=bool)
+    lives_lost = big_rewards = 0
+    for rollout in rollouts:
+        assert np.array_equal(rollout["obs"][0], obs), "a rollout continues the actor's games"
+        games = []
+        for t in range(64):
+            obs, reward, terminated, truncated, infos = envs.step(rollout["actions"][t])
+            assert np.array_equal(rollout["obs"][t + 1], obs), t
+            assert rollout["rewards"][t].tolist() == np.sign(reward).tolist(), t
+            assert rollout["terminations"][t].tolist() == (terminated | infos["life_loss"]).tolist(), t
+            assert rollout["truncations"][t].tolist() == truncated.tolist(), t
+            assert rollout["resets"][t].tolist() == ended.tolist(), t  # the step after an episode's end
+            if "episode" in infos:
+                done = infos["_episode"]
+                games += [(t, r, n) for r, n in zip(infos["episode"]["r"][done], infos["episode"]["l"][done])]
+            ended = terminated | truncated
+            lives_lost += int(infos["life_loss"].sum())
+            big_rewards += int((reward > 1).sum())
+        assert rollout["games"] == games
+    envs.close()
+    assert lives_lost >= 2 and big_rewards >= 2, "the replay should have seen lost lives and rewards to clip"
+
     for rollout in rollouts:
         obs = torch.tensor(rollout["obs"][:-1]).flatten(0, 1)  # copies: Ray's arrays are read-only
         actions = torch.tensor(rollout["actions"]).reshape(-1, 1)
@@ -174,24 +217,107 @@ def test_a_rollouts_behaviour_logprobs_come_from_the_weights_it_names(cluster):
         assert (behaviour - other).abs().max() > 1e-2
 
 
-def test_two_actors_on_a_local_cluster_train_and_log(cluster, tmp_path):
-    flags = [*TINY, "--total-timesteps", "1024", "--save-model", "--eval-episodes", "1", "--ray-address", cluster]
-    result = run_script("impala_atari.py", *flags, cwd=tmp_path, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (run_dir,) = run_dirs(tmp_path)
+# The learner's own loop: the script runs unchanged under tests/probe.py on Breakout (the default game, lives and
+# FIRE) with 2 actors, and at every backward() the probe copies the rollouts the update took and the learner's
+# weights. From those alone the tests recompute the behaviour log-probabilities (the weights of the version each
+# rollout names: the learner's at that update's backward), and each loss from a plain V-trace (reference_vtrace above)
+# over the learner's own log-probabilities and values. The same run is the smoke test: TensorBoard keys, the learning
+# rate schedule, the policy lag, the saved model and its evaluation.
+LEARNER_FLAGS = ["--env-id", "BreakoutNoFrameskip-v4", "--torch-threads", "1", "--num-actors", "2"]
+LEARNER_FLAGS += ["--local-num-envs", "2", "--num-steps", "50", "--rollouts-per-update", "2"]
+LEARNER_FLAGS += ["--total-timesteps", "800"]
+LEARNER_FLAGS += ["--learning-rate", "0.003", "--gamma", "0.9", "--save-model", "--eval-episodes", "1"]
+NUM_UPDATES, LEARNING_RATE, GAMMA = 4, 0.003, 0.9
+
+
+@pytest.fixture(scope="module")
+def learner_run(cluster, tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("learner")
+    flags = [*LEARNER_FLAGS, "--ray-address", cluster]
+    trace = probe_script("impala_atari.py", flags, cwd, at_backward=["rollouts", "agent", "update"], timeout=600)
+    (run_dir,) = run_dirs(cwd)
+    return trace, run_dir
+
+
+def learner_agent(state_dict) -> impala_atari.Agent:
+    agent = impala_atari.Agent(ATARI_SHAPE, 4, 255.0)
+    agent.load_state_dict(state_dict)
+    return agent
+
+
+def test_each_rollout_was_played_with_the_weights_of_the_version_it_names(learner_run):
+    trace, _ = learner_run
+    updates = trace.backward
+    assert [update["update"] for update in updates] == list(range(NUM_UPDATES))
+    # the weights of version v are the learner's after v updates: those it computes update v's loss with
+    weights = [learner_agent(update["agent"]) for update in updates]
+    lags = []
+    for update in updates:
+        for rollout in update["rollouts"]:
+            version = rollout["version"]
+            obs = torch.tensor(rollout["obs"][:-1]).flatten(0, 1)
+            actions = torch.tensor(rollout["actions"]).reshape(-1, 1)
+            with torch.no_grad():
+                expected = weights[version](obs)[0].gather(-1, actions).squeeze(-1)
+            torch.testing.assert_close(torch.tensor(rollout["logprobs"]).reshape(-1), expected, atol=1e-4, rtol=1e-4)
+            lags.append(update["update"] - version)
+    assert max(lags) >= 1, "some rollouts should be older than the policy that learns from them"
+
+
+def test_each_loss_is_the_v_trace_loss_of_its_batch_under_the_learners_weights(learner_run):
+    trace, _ = learner_run
+    cut_at_life_loss = off_policy = 0
+    for update in trace.backward:
+        rollouts = update["rollouts"]
+        batch = {key: np.concatenate([r[key] for r in rollouts], axis=1) for key in impala_atari.BATCH_FIELDS}
+        obs = torch.tensor(batch["obs"])  # [T + 1, B, 4, 84, 84]
+        T, B = batch["actions"].shape
+        with torch.no_grad():
+            log_probs, values = learner_agent(update["agent"])(obs.flatten(0, 1))
+        log_probs, values = log_probs.view(T + 1, B, -1).double(), values.view(T + 1, B).double()
+        target = log_probs[:-1].gather(-1, torch.tensor(batch["actions"]).unsqueeze(-1)).squeeze(-1)
+        mu = torch.tensor(batch["logprobs"]).double()
+        assert set(np.unique(batch["rewards"])) <= {-1.0, 0.0, 1.0}
+        vs, advantages = reference_vtrace(
+            *as_lists(mu, target, torch.tensor(batch["rewards"]), values[:-1], values[1:]),
+            *as_lists(torch.tensor(batch["terminations"]), torch.tensor(batch["truncations"])),
+            GAMMA,
+            1.0,
+            1.0,
+        )
+        vs, advantages = torch.tensor(vs, dtype=torch.float64), torch.tensor(advantages, dtype=torch.float64)
+        transitions = torch.tensor(~batch["resets"]).double()  # an autoreset step is not a transition
+        entropy = -(log_probs.exp() * log_probs).sum(-1)[:-1]
+        expected = (
+            -(advantages * target * transitions).sum()
+            + 0.5 * 0.5 * ((vs - values[:-1]) ** 2 * transitions).sum()
+            - 0.01 * (entropy * transitions).sum()
+        )
+        assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-4), update["update"]
+        cut_at_life_loss += int(batch["terminations"].sum())
+        off_policy += int((target - mu).abs().max() > 0.05)
+    assert cut_at_life_loss >= 2, "lost lives should end some training episodes inside the batches"
+    assert off_policy >= 2, "the importance weights should matter in some updates"
+
+
+def test_the_run_logs_its_keys_anneals_the_learning_rate_and_saves_a_trained_model(learner_run):
+    trace, run_dir = learner_run
     scalars = read_scalars(run_dir)
     keys = ["charts/episodic_return", "charts/episodic_length", "charts/policy_lag", "charts/SPS"]
     keys += ["losses/value_loss", "losses/policy_loss", "losses/entropy", "perf/learner_updates_per_second"]
     assert_finite_keys(scalars, keys + ["eval/episodic_return"])
-    assert [step for step, _ in scalars["losses/value_loss"]] == [32 * i for i in range(1, 33)]  # 32 updates
+    assert [step for step, _ in scalars["losses/value_loss"]] == [200 * i for i in range(1, NUM_UPDATES + 1)]
+    # the rate the update used, (1 - update / num_updates) x the initial one, logged after it
+    rates = [rate for _, rate in scalars["charts/learning_rate"]]
+    assert rates == pytest.approx([(1 - k / NUM_UPDATES) * LEARNING_RATE for k in range(NUM_UPDATES)], rel=1e-6)
     lags = [lag for _, lag in scalars["charts/policy_lag"]]
-    # two actors, one rollout an update, each actor's next rollout starts before the update: after the first update
-    # (version 0's rollouts), lags of 1 and more (how much more depends on how the OS schedules the actors)
-    assert lags[0] == 0 and min(lags[1:]) >= 1, lags
+    expected = [np.mean([u["update"] - r["version"] for r in u["rollouts"]]) for u in trace.backward]
+    assert lags == pytest.approx(expected) and lags[0] == 0 and min(lags[1:]) >= 1, lags
     model = torch.load(run_dir / "impala_atari.cleanrl_model", weights_only=False)
-    torch.manual_seed(1)
-    initial = impala_atari.Agent(OBS_SHAPE, N_ACTIONS, 1.0).state_dict()
-    assert not torch.equal(model["agent"]["actor.weight"], initial["actor.weight"])  # it trained
+    last = trace.backward[-1]["agent"]
+    assert not torch.equal(model["agent"]["actor.weight"], last["actor.weight"])  # the last update was applied
 
 
 @pytest.mark.parametrize(
