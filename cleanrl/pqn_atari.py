@@ -6,7 +6,8 @@ after every layer of the Q-network keeps bootstrapping from its own moving Q-val
 returns computed backwards over the rollout, fitted over 2 epochs of 32 minibatches (the autoreset step after each
 game's end is no transition: masked out). Learning sees rewards clipped to their sign and a lost life as a
 termination; charts/episodic_return is the whole game's raw score. The paper's Atari settings (purejaxql's
-pqn_atari.yaml) with CleanRL's pqn_atari_envpool network, initialisation, RAdam and annealed learning rate.
+pqn_atari.yaml) with CleanRL's pqn_atari_envpool network, initialisation, loss (the mean squared error, so
+--max-grad-norm clips the same gradient), RAdam and annealed learning rate.
 
 Action space: Discrete. Environments: Atari through ale-py's C++ vector env (BreakoutNoFrameskip-v4: no sticky
 actions; ALE/Breakout-v5: sticky 0.25), 4 stacked 84x84 frames and the Nature CNN, and MinAtar (MinAtar/Breakout-v1
@@ -363,7 +364,8 @@ if __name__ == "__main__":
                 mb_inds = b_inds[start : start + args.minibatch_size]
                 q_values = q_network(b_obs[mb_inds]).gather(1, b_actions[mb_inds].unsqueeze(1)).squeeze(1)
                 mb_is_transition = b_is_transition[mb_inds]
-                loss = 0.5 * masked_mean((q_values - b_returns[mb_inds]) ** 2, mb_is_transition)
+                # The mean squared error, as CleanRL's F.mse_loss (no factor 1/2: --max-grad-norm means the same).
+                loss = masked_mean((q_values - b_returns[mb_inds]) ** 2, mb_is_transition)
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)

@@ -1,5 +1,8 @@
 """pqn_atari.py: Q(lambda) returns under NEXT_STEP autoreset against a plain loop, the LayerNorm networks, smoke runs
-on MinAtar and Atari, bad input, SIGKILL + resume."""
+on MinAtar and Atari, bad input, SIGKILL + resume; the script's own loop under tests/probe.py: the rollout stored on
+Breakout (lives, autoreset steps) vs what the env returned, and on MinAtar the Q(lambda) returns from max Q of the next
+observations and every minibatch's loss (the full squared error, resets masked), the epsilon and learning-rate
+schedules."""
 
 from __future__ import annotations
 
@@ -206,28 +209,33 @@ def test_bad_input_fails_in_one_line(workdir, flags, fragments):
 
 
 MINATAR_RUN = [*MINATAR_TINY, "--total-timesteps", "2560", "--checkpoint-every", "640", "--save-model"]
-MINATAR_RUN += ["--eval-episodes", "3"]
+MINATAR_RUN += ["--eval-episodes", "3", "--num-minibatches", "2", "--update-epochs", "1", "--gamma", "0.9"]
+STEP_NAMES = ["obs", "action", "reward", "terminated", "truncated", "infos", "epsilon"]
+LAST_ANSWER = ["action", "reward", "terminated", "truncated", "infos"]  # a rollout's last step, seen at its backward
 
 
 @pytest.fixture(scope="module")
 def straight_minatar_run(tmp_path_factory):
-    """One uninterrupted MinAtar run: the smoke test reads it, the resume test compares against it."""
+    """One uninterrupted MinAtar run, under tests/probe.py (which only observes): the loop tests read what its loop
+    saw and computed, the smoke test its logs, the resume test compares against it."""
+    from probe import probe_script
+
     cwd = tmp_path_factory.mktemp("straight")
-    result = run_script("pqn_atari.py", *MINATAR_RUN, cwd=cwd)
-    assert result.returncode == 0, result.stderr
+    at_backward = ["storage", "obs", "q_network", "b_returns", "b_is_transition", "mb_inds", *LAST_ANSWER]
+    trace = probe_script("pqn_atari.py", MINATAR_RUN, cwd, watch=STEP_NAMES, at_backward=at_backward)
     (run_dir,) = run_dirs(cwd)
-    return result, run_dir
+    return trace, run_dir
 
 
 def test_minatar_smoke_logs_whole_games_and_evaluates_saved_model(straight_minatar_run):
-    result, run_dir = straight_minatar_run
+    trace, run_dir = straight_minatar_run
     scalars = read_scalars(run_dir)
     assert_finite_keys(scalars, PQN_KEYS + ["eval/episodic_return"])
     assert len(scalars["losses/td_loss"]) == 20  # one log per iteration of 4 x 32 steps
     assert len(scalars["charts/episodic_return"]) >= 10  # many whole games
     assert len(scalars["eval/episodic_return"]) == 3
     assert torch.load(run_dir / "pqn_atari.cleanrl_model", weights_only=False)["script"] == "pqn_atari"
-    assert "2,560/2,560 steps" in result.stdout
+    assert "2,560/2,560 steps" in trace.stdout
 
 
 def test_atari_smoke_trains_and_resumes_with_fresh_games(workdir):
@@ -266,3 +274,132 @@ def test_sigkill_then_resume_on_minatar_reproduces_the_uninterrupted_run(straigh
     straight_weights = torch.load(straight_dir / "pqn_atari.cleanrl_model", weights_only=False)["q_network"]
     for key in straight_weights:
         assert torch.equal(resumed_weights[key], straight_weights[key]), key
+
+
+# --- the loop's own wiring -------------------------------------------------------------------
+# tests/probe.py copies what the loop saw at every step and what every loss was computed from; the tests rebuild the
+# stored rollout, the Q(lambda) returns and the losses from those copies. Breakout (it has lives; acting at random) for
+# what is stored, MinAtar (above) for the updates.
+BREAKOUT_FLAGS = ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--num-steps", "100", "--end-e", "1"]
+BREAKOUT_FLAGS += ["--num-minibatches", "1", "--update-epochs", "1", "--total-timesteps", "1200"]
+
+
+@pytest.fixture(scope="module")
+def breakout_loop(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("breakout")
+    return probe_script("pqn_atari.py", BREAKOUT_FLAGS, cwd, watch=STEP_NAMES, at_backward=["storage", *LAST_ANSWER])
+
+
+def rollouts(trace, num_envs: int, num_steps: int) -> list[dict]:
+    """Per iteration, what its loop saw: the observations acted on, epsilon, and the env's answer to each step
+    (actions, raw rewards, terminations, truncations, infos), with each step's autoreset flag as the loop's own
+    NEXT_STEP rule gives it (the env's previous step ended a game), and the first update of the iteration. A watched
+    entry is taken right after the step counter moves, before the env is stepped: the answer to a step shows in the
+    next entry, and a rollout's last one at the iteration's first backward."""
+    entries = [entry for entry in trace.steps if entry["step"] > 0]
+    first_updates = {}
+    for update in trace.backward:
+        first_updates.setdefault(update["step"], update)
+    found, game_ended = [], np.zeros(num_envs, dtype=bool)
+    for i, (step, update) in enumerate(sorted(first_updates.items())):
+        acted = entries[i * num_steps : (i + 1) * num_steps]
+        assert [entry["step"] for entry in acted] == [step - (num_steps - t - 1) * num_envs for t in range(num_steps)]
+        answers = entries[i * num_steps + 1 : (i + 1) * num_steps] + [update]
+        rollout = dict(obs=torch.stack([entry["obs"] for entry in acted]), epsilon=[e["epsilon"] for e in acted])
+        rollout |= {name: np.stack([np.asarray(answer[name]) for answer in answers]) for name in LAST_ANSWER[:4]}
+        rollout["life_loss"] = np.stack([a["infos"].get("life_loss", np.zeros(num_envs, bool)) for a in answers])
+        resets = []
+        for terminated, truncated in zip(rollout["terminated"], rollout["truncated"]):
+            resets.append(game_ended)
+            game_ended = terminated | truncated
+        found.append(rollout | dict(resets=np.stack(resets), update=update, step=step))
+    return found
+
+
+def test_the_rollout_stores_each_step_with_clipped_rewards_life_losses_and_autoreset_steps(breakout_loop):
+    found = rollouts(breakout_loop, 2, 100)
+    assert len(found) == 6
+    counts = dict(lives=0, resets=0, rewards=0)
+    for rollout in found:
+        storage = rollout["update"]["storage"]
+        assert torch.equal(storage["obs"], rollout["obs"])  # uint8, as acted on
+        assert storage["actions"].tolist() == rollout["action"].tolist()
+        np.testing.assert_array_equal(storage["rewards"], np.sign(rollout["reward"]))
+        np.testing.assert_array_equal(storage["terminations"], rollout["terminated"] | rollout["life_loss"])
+        np.testing.assert_array_equal(storage["truncations"], rollout["truncated"])
+        np.testing.assert_array_equal(storage["resets"], rollout["resets"])
+        counts["lives"] += int(rollout["life_loss"].sum())
+        counts["resets"] += int(rollout["resets"].sum())
+        counts["rewards"] += int((rollout["reward"] != 0).sum())
+    assert counts["lives"] >= 4 and counts["resets"] >= 2 and counts["rewards"] >= 2, counts
+
+
+def reference_rollout_returns(rollout: dict, q_network, after_obs, gamma: float, q_lambda: float) -> np.ndarray:
+    """Q(lambda) returns written out per env and step: an autoreset step is no transition (0); a termination or lost
+    life keeps the clipped reward alone; else bootstrap from max Q of the next observation (the true final one where a
+    game was cut by its time limit, as NEXT_STEP autoreset returns it), mixed with the next return while the episode
+    and the rollout go on."""
+    obs, num_steps, num_envs = rollout["obs"], *rollout["reward"].shape
+    ended = rollout["terminated"] | rollout["life_loss"]
+    returns = np.zeros((num_steps, num_envs))
+    with torch.no_grad():
+        next_max_q = q_network(torch.cat([obs[1:], after_obs.unsqueeze(0)]).flatten(0, 1)).amax(1).view(num_steps, -1)
+    for env in range(num_envs):
+        for t in reversed(range(num_steps)):
+            reward, q = np.sign(rollout["reward"][t, env]), next_max_q[t, env].item()
+            if rollout["resets"][t, env]:
+                returns[t, env] = 0.0
+            elif ended[t, env]:
+                returns[t, env] = reward
+            elif rollout["truncated"][t, env] or t == num_steps - 1:
+                returns[t, env] = reward + gamma * q
+            else:
+                returns[t, env] = reward + gamma * ((1 - q_lambda) * q + q_lambda * returns[t + 1, env])
+    return returns
+
+
+def test_each_update_regresses_q_on_the_q_lambda_returns_of_the_next_observations_with_resets_masked(
+    straight_minatar_run,
+):
+    trace, _ = straight_minatar_run
+    found = rollouts(trace, 4, 32)
+    assert len(found) == 20
+    updates = {}
+    for update in trace.backward:
+        updates.setdefault(update["step"], []).append(update)
+    q_network = pqn_atari.QNetwork((4, 10, 10), 3, 1.0)
+    counts = dict(game_ends=0, masked=0)
+    for rollout in found:
+        first = rollout["update"]
+        q_network.load_state_dict(first["q_network"])  # the returns were computed before this iteration's updates
+        expected = reference_rollout_returns(rollout, q_network, first["obs"], 0.9, 0.65).reshape(-1)
+        np.testing.assert_allclose(first["b_returns"].numpy(), expected, rtol=1e-5, atol=1e-5)
+        is_transition = ~rollout["resets"].reshape(-1)
+        assert first["b_is_transition"].bool().tolist() == is_transition.tolist()
+        assert len(updates[rollout["step"]]) == 2  # 1 epoch of 2 minibatches
+        for update in updates[rollout["step"]]:
+            q_network.load_state_dict(update["q_network"])
+            rows = update["mb_inds"]
+            with torch.no_grad():
+                q_values = q_network(rollout["obs"].flatten(0, 1)[rows])
+            q_taken = q_values[torch.arange(len(rows)), torch.as_tensor(rollout["action"].reshape(-1)[rows.numpy()])]
+            errors = (q_taken.double() - torch.as_tensor(expected[rows.numpy()])) ** 2
+            kept = torch.as_tensor(is_transition[rows.numpy()])
+            # The mean squared error over real transitions (CleanRL's F.mse_loss, no factor 1/2).
+            assert update["loss"].item() == pytest.approx(errors[kept].mean().item(), rel=1e-5)
+            counts["masked"] += int((~kept).sum())
+        counts["game_ends"] += int(rollout["terminated"].sum())
+    assert counts["game_ends"] >= 5 and counts["masked"] >= 5, counts
+
+
+def test_epsilon_and_the_learning_rate_follow_their_schedules(straight_minatar_run):
+    trace, run_dir = straight_minatar_run
+    found = rollouts(trace, 4, 32)
+    for rollout in found:
+        for t, epsilon in enumerate(rollout["epsilon"]):
+            acted_at = rollout["step"] - (32 - t) * 4  # epsilon is computed before the step is counted
+            assert epsilon == pytest.approx(max(1 + (0.001 - 1) * acted_at / (0.1 * 2560), 0.001))
+    learning_rates = [value for _, value in read_scalars(run_dir)["charts/learning_rate"]]
+    assert learning_rates == pytest.approx([2.5e-4 * (1 - i / 20) for i in range(20)])  # annealed towards 0
