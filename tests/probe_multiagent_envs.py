@@ -23,13 +23,15 @@ MAX_EPISODE_STEPS = 6
 class MultiWalk(multiagent.MultiAgentVecEnv):
     """Three agents walk on a line from 0, num_envs worlds at once, with the adapters' interface (see
     cleanrl_utils/envs/multiagent.py). Agent i moves by its action: discrete 0, 1, 2 step -1, 0, +1; continuous
-    [-1, 1]^2 moves by the first dimension (the second only changes the reward). A world terminates when the team's
-    position (the sum of the agents') reaches +-3, and is truncated after max_episode_steps steps (both at once
-    where the last step reaches +-3, as VMAS reports them). Agent i observes [its position, the team's position,
-    steps taken / max_episode_steps, a uniform draw in [-1, 1]]: the agents' observations differ, and a reset
-    observation never equals the true final one. Agent i's reward: team position / 4 - |own position| / 2
-    (- |second action dimension| / 4 when continuous) + a normal draw / 10. Random draws come from the environment's
-    own generator seeded with `seed`: the same seed and actions give the same transitions."""
+    [-1, 1]^2 moves by the first dimension (the second only changes the reward). A world terminates at each step with
+    probability 0.2, whatever the agents do (so that a greedy policy still sees truncations), and is truncated after
+    max_episode_steps steps (both at once where the last step also terminates, as VMAS reports them). Agent i
+    observes [its position, the team's position (the sum of the agents'), steps taken / max_episode_steps, a cue: a
+    uniform draw in [-1, 1]]: the agents' observations differ, and a reset observation never equals the true final
+    one. Agent i's reward: its move times the cue it observed before it (the best action depends on the
+    observation), - |own position| / 4 (- |second action dimension| / 4 when continuous) + a normal draw / 10. Random
+    draws come from the environment's own generator seeded with `seed`: the same seed and actions give the same
+    transitions."""
 
     def __init__(self, num_envs: int, device: torch.device, seed: int, continuous: bool, max_episode_steps: int):
         self.num_envs, self.n_agents, self.obs_dim, self.device = num_envs, N_AGENTS, OBS_DIM, device
@@ -45,10 +47,10 @@ class MultiWalk(multiagent.MultiAgentVecEnv):
         self.tally = multiagent.EpisodeTally(N_AGENTS, torch.device("cpu"))
 
     def _observe(self) -> torch.Tensor:
-        noise = torch.rand(self.num_envs, N_AGENTS, generator=self.generator) * 2 - 1
+        self.cues = torch.rand(self.num_envs, N_AGENTS, generator=self.generator) * 2 - 1
         team = self.positions.sum(1, keepdim=True).expand(-1, N_AGENTS)
         steps = (self.steps / self.max_episode_steps).unsqueeze(1).expand(-1, N_AGENTS)
-        return torch.stack([self.positions, team, steps, noise], dim=-1)
+        return torch.stack([self.positions, team, steps, self.cues], dim=-1)
 
     def reset(self) -> torch.Tensor:
         self.positions.zero_()
@@ -65,13 +67,13 @@ class MultiWalk(multiagent.MultiAgentVecEnv):
             moves, effort = actions.float() - 1, torch.zeros(self.num_envs, N_AGENTS)
         self.positions += moves
         self.steps += 1
-        team = self.positions.sum(1)
         noise = torch.randn(self.num_envs, N_AGENTS, generator=self.generator) / 10
-        rewards = team.unsqueeze(1) / 4 - self.positions.abs() / 2 - effort + noise
-        terminated = team.abs() >= 3
+        rewards = moves * self.cues - self.positions.abs() / 4 - effort + noise
+        terminated = torch.rand(self.num_envs, generator=self.generator) < 0.2
         truncated = self.steps >= self.max_episode_steps
         final_obs = self._observe()
         done = terminated | truncated
+        final_cues = self.cues
         self.episode_returns += rewards
         self.episode_lengths += 1
         self.tally.add(done, self.episode_returns, self.episode_lengths)
@@ -85,6 +87,7 @@ class MultiWalk(multiagent.MultiAgentVecEnv):
         self.episode_returns[done] = 0
         self.episode_lengths[done] = 0
         next_obs = torch.where(done[:, None, None], self._observe(), final_obs)
+        self.cues = torch.where(done[:, None], self.cues, final_cues)  # the cues of the observation returned
         to = lambda x: x.to(self.device)  # noqa: E731
         return (
             to(next_obs),

@@ -1,6 +1,8 @@
 """mappo.py: value normalisation and per-agent GAE against plain references, the actor's and critics'
-inputs, smoke runs on VMAS (continuous and discrete) and MPE, IPPO, bad input, checkpoints with
-SIGKILL / SIGTERM and resume (with fresh environments), and --save-model evaluation."""
+inputs; the script's own loop run under tests/probe.py, MAPPO (discrete) and IPPO (continuous): stored
+rows, log-probabilities, the critic's input, values, GAE, ValueNorm, targets and every minibatch's loss;
+smoke runs on VMAS and MPE, bad input, checkpoints with SIGKILL / SIGTERM and resume (with fresh
+environments), and --save-model evaluation."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """qmix.py and vdn.py: the QMIX mixture is monotonic in every agent's Q (autograd, random states and
 weights, also after optimiser steps that drive the raw hypernetwork weights negative); VDN is the sum;
-double-Q targets against a hand computation; the replay buffer; smoke runs on MPE and VMAS with the
-TensorBoard keys read back; bad input; checkpoints, SIGTERM and resume; the saved model's evaluation."""
+double-Q targets against a hand computation; the replay buffer; each script's own loop run under
+tests/probe.py (stored rows, every update's loss, target copies, epsilon, greedy actions); smoke runs on
+MPE and VMAS with the TensorBoard keys read back; bad input; checkpoints, SIGTERM and resume; the saved
+model's evaluation."""
 
 from __future__ import annotations
 
@@ -223,6 +225,176 @@ def test_q_network_input_has_the_agent_id():
     assert q.shape == (7, 3, 5) and not torch.allclose(q[:, 0], q[:, 1])  # ... still different Q-values
 
 
+# --- the loop's own wiring ----------------------------------------------------------------------------
+# The script runs unchanged under tests/probe.py on probe/walk (tests/probe_multiagent_envs.py: three agents whose
+# worlds terminate and truncate every few steps). The probe copies what each loop iteration acted on and got back,
+# the replay buffer at the end, and at every backward() the sampled batch and the four networks. The tests replay the
+# environment with the stored actions and recompute every update's loss with plain code: the per-agent Q-network,
+# the double-Q target (online argmax per agent, target network's values, target mixer on the next global state),
+# QMIX's mixer with abs on its hypernetworks' weights and VDN's sum; target-copy timing; the epsilon schedule.
+WIRING = ["--env-id", "probe/walk", "--num-envs", "4", "--total-timesteps", "400", "--learning-starts", "100"]
+WIRING += ["--batch-size", "16", "--buffer-size", "300", "--train-frequency", "4", "--target-network-frequency", "48"]
+WIRING += ["--exploration-fraction", "0.5", "--end-e", "0", "--gamma", "0.9", "--log-every", "5", "--hidden-dim", "16"]
+WIRING += ["--learning-rate", "0.01"]  # weights that move: the target network acts otherwise than the online one
+STEP_NAMES = ["obs", "actions", "rewards", "terminated", "final_obs", "epsilon"]
+BATCH_NAMES = ["batch", "q_network", "mixer", "target_q_network", "target_mixer"]
+GAMMA = 0.9
+
+
+@pytest.fixture(scope="module", params=["qmix", "vdn"])
+def wiring(request, tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp(request.param)
+    trace = probe_script(
+        SCRIPTS[request.param],
+        WIRING + MIXER_SIZES[request.param],
+        cwd,
+        watch=STEP_NAMES,
+        at_backward=BATCH_NAMES,
+        final=["rb"],
+        preload=["probe_multiagent_envs"],
+    )
+    trace.algo, trace.cwd = request.param, cwd
+    trace.loop = [entry for entry in trace.steps if entry["step"] > 0]  # one per iteration, after its env step
+    return trace
+
+
+def plain_relu_mlp(weights: dict, prefix: str, x: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
+    for k, layer in enumerate(layers):
+        x = x @ weights[f"{prefix}{layer}.weight"].T + weights[f"{prefix}{layer}.bias"]
+        x = torch.relu(x) if k < len(layers) - 1 else x
+    return x
+
+
+def plain_q(weights: dict, obs: torch.Tensor) -> torch.Tensor:
+    """Every agent's Q-values from [own observation, one-hot id], [..., n_agents, num_actions]."""
+    ids = torch.eye(obs.shape[-2]).expand(*obs.shape[:-1], obs.shape[-2])
+    return plain_relu_mlp(weights, "network.", torch.cat([obs, ids], -1), (0, 2, 4))
+
+
+def plain_mix(algo: str, weights: dict, agent_qs: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+    """VDN: the sum. QMIX: |w2| . elu(q |W1| + b1) + b2, with W1, b1, w2, b2 made from the global state (all agents'
+    observations in agent order) by the hypernetworks."""
+    if algo == "vdn":
+        return agent_qs.sum(-1)
+    state = obs.flatten(-2)
+    w1 = plain_relu_mlp(weights, "hyper_w1.", state, (0, 2)).abs().reshape(len(state), agent_qs.shape[-1], -1)
+    b1 = state @ weights["hyper_b1.weight"].T + weights["hyper_b1.bias"]
+    hidden = torch.nn.functional.elu(torch.einsum("ba,bak->bk", agent_qs, w1) + b1)
+    w2 = plain_relu_mlp(weights, "hyper_w2.", state, (0, 2)).abs()
+    b2 = plain_relu_mlp(weights, "hyper_b2.", state, (0, 2)).squeeze(-1)
+    return (hidden * w2).sum(-1) + b2
+
+
+def replayed(trace) -> list[dict]:
+    """What probe/walk returns for the actions the loop stored, replayed from the script's seed, step by step."""
+    from probe_multiagent_envs import make_walk
+
+    envs = make_walk(4, torch.device("cpu"), 1, False)
+    obs, steps = envs.reset(), []
+    for entry in trace.loop:
+        next_obs, rewards, terminated, truncated, final_obs, _ = envs.step(entry["actions"])
+        steps.append(dict(obs=obs, rewards=rewards, terminated=terminated, truncated=truncated, final_obs=final_obs))
+        obs = next_obs
+    return steps
+
+
+def test_the_loop_stores_each_world_s_transition_with_the_team_reward_and_terminations_only(wiring):
+    assert len(wiring.loop) == 100
+    replay = replayed(wiring)
+    for t, (entry, env) in enumerate(zip(wiring.loop, replay)):
+        assert torch.equal(entry["obs"], env["obs"]), f"step {t}: the observation acted on"
+        for name in ("rewards", "terminated", "final_obs"):
+            assert torch.equal(entry[name], env[name]), f"step {t}: {name}"
+    rb = wiring.final["rb"]
+    assert (rb["size"], rb["pos"]) == (300, 100)
+    ends = {"terminated": 0, "truncated only": 0}
+    for t in range(25, 100):  # the buffer holds the last 75 steps of the 4 worlds: rows (4 t + world) % 300
+        env, rows = replay[t], [(4 * t + world) % 300 for world in range(4)]
+        assert torch.equal(rb["obs"][rows], env["obs"])
+        assert torch.equal(rb["actions"][rows], wiring.loop[t]["actions"])
+        assert torch.equal(rb["rewards"][rows], env["rewards"].sum(1))  # the team reward
+        assert torch.equal(rb["next_obs"][rows], env["final_obs"])  # the true final observation where one ended
+        assert rb["terminated"][rows].tolist() == env["terminated"].float().tolist()  # a truncation bootstraps
+        ends["terminated"] += int(env["terminated"].sum())
+        ends["truncated only"] += int((env["truncated"] & ~env["terminated"]).sum())
+    assert ends["terminated"] >= 5 and ends["truncated only"] >= 5, ends
+
+
+def test_epsilon_decays_linearly_and_the_greedy_actions_are_the_online_networks_argmax(wiring):
+    updates = wiring.backward
+    greedy_checked = target_differs = 0
+    for entry in wiring.loop:
+        acted_at = entry["step"] - 4  # epsilon is computed before the step is counted
+        assert entry["epsilon"] == pytest.approx(max(1.0 - acted_at / 200, 0.0))
+        if entry["epsilon"] == 0.0:
+            # The weights it acted with: those before this iteration's gradient step (the next update's copy).
+            current = next((u for u in updates if u["step"] >= entry["step"]), None)
+            if current is not None:
+                with torch.no_grad():
+                    assert torch.equal(entry["actions"], plain_q(current["q_network"], entry["obs"]).argmax(-1))
+                    target_actions = plain_q(current["target_q_network"], entry["obs"]).argmax(-1)
+                greedy_checked += 1
+                target_differs += int(not torch.equal(entry["actions"], target_actions))
+    assert greedy_checked >= 40
+    assert target_differs >= 5, "the target network should act otherwise at times, for this test to mean anything"
+
+
+def test_each_update_regresses_the_mixed_online_q_on_the_double_q_target(wiring):
+    transitions = set()
+    for entry, env in zip(wiring.loop, replayed(wiring)):
+        for world in range(4):
+            obs, next_obs = env["obs"][world].numpy().tobytes(), env["final_obs"][world].numpy().tobytes()
+            reward, ended = float(env["rewards"][world].sum()), float(env["terminated"][world])
+            transitions.add((obs, tuple(entry["actions"][world].tolist()), reward, ended, next_obs))
+    updates = wiring.backward
+    assert len(updates) == (400 - 100) // 4 and [u["step"] for u in updates] == list(range(104, 401, 4))
+    terminal_targets = 0
+    for update in updates:
+        batch = update["batch"]
+        for i in range(16):
+            key = (batch["obs"][i].numpy().tobytes(), tuple(batch["actions"][i].tolist()), batch["rewards"][i].item())
+            key += (batch["terminated"][i].item(), batch["next_obs"][i].numpy().tobytes())
+            assert key in transitions, "a sampled row is not a transition the env produced"
+        with torch.no_grad():
+            # Double Q: each agent's next action by the online network, valued by the target network, mixed by
+            # the target mixer on the next global state; no bootstrap after a termination.
+            next_actions = plain_q(update["q_network"], batch["next_obs"]).argmax(-1, keepdim=True)
+            next_q = plain_q(update["target_q_network"], batch["next_obs"]).gather(-1, next_actions).squeeze(-1)
+            next_tot = plain_mix(wiring.algo, update["target_mixer"], next_q, batch["next_obs"])
+            target = batch["rewards"] + GAMMA * (1 - batch["terminated"]) * next_tot
+            chosen = plain_q(update["q_network"], batch["obs"]).gather(-1, batch["actions"].unsqueeze(-1)).squeeze(-1)
+            q_tot = plain_mix(wiring.algo, update["mixer"], chosen, batch["obs"])
+        assert update["loss"].item() == pytest.approx(((q_tot - target) ** 2).mean().item(), rel=1e-5)
+        terminal_targets += int(batch["terminated"].sum())
+    assert terminal_targets > 0, "some sampled transitions should end an episode"
+
+
+def test_the_target_networks_are_the_online_ones_copied_every_target_network_frequency_steps(wiring):
+    updates = wiring.backward
+    initial = updates[0]
+    copy_steps = [c for c in range(48, 401, 48) if c > 100]  # crossings of a multiple of 48 once learning started
+    for k, update in enumerate(updates):
+        # Copied at the end of the iteration that crossed it (after its gradient step): the online weights that the
+        # next update found.
+        copies = [c for c in copy_steps if c < update["step"]]
+        source = next(u for u in updates if u["step"] > copies[-1]) if copies else initial
+        for online, target in (("q_network", "target_q_network"), ("mixer", "target_mixer")):
+            assert update[target].keys() == source[online].keys()
+            for name, tensor in update[target].items():
+                assert torch.equal(tensor, source[online][name]), f"update {k} at step {update['step']}: {name}"
+    assert len(copy_steps) == 6
+
+
+def test_the_probe_run_logs_the_losses_and_the_team_return(wiring):
+    (run_dir,) = run_dirs(wiring.cwd)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, KEYS + [f"charts/episodic_return_agent{i}" for i in range(3)])
+    assert [step for step, _ in scalars["losses/td_loss"]] == list(range(120, 401, 20))
+    assert [value for _, value in scalars["charts/epsilon"]][-1] == 0.0
+
+
 # --- bad input ------------------------------------------------------------------------------------
 
 
@@ -301,8 +473,8 @@ def test_a_replay_buffer_that_cannot_fit_is_refused_before_any_work(workdir, alg
 # --- smoke runs -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algo", ["qmix", "vdn"])
-@pytest.mark.parametrize("env_id", list(SMOKE_ENVS))
+# One simulator per script (the loop itself is tested on probe/walk above, for both scripts).
+@pytest.mark.parametrize("algo, env_id", [("qmix", "mpe/simple_spread_v3"), ("vdn", "vmas/balance")])
 def test_smoke_writes_team_and_agent_returns_and_losses(workdir, algo, env_id):
     n_agents, extra = SMOKE_ENVS[env_id]
     save = ["--save-model", "--eval-episodes", "2"] if env_id.startswith("mpe/") else []
