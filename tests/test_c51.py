@@ -43,6 +43,138 @@ C51_KEYS = [
 ]
 
 
+# --- the loop's own wiring -----------------------------------------------------------------------------------------
+# c51.py runs unchanged under tests/probe.py on ProbeWalk-v0 (tests/probe_envs.py: 8-step episodes that terminate or
+# are truncated, varied rewards, distinct observations): what its loop stored and computed is compared with the env's
+# stream and with the C51 loss recomputed from the sampled rows and the copied networks (the projection by the plain
+# loop above). The same run is the smoke run (TensorBoard keys, the saved model's evaluation).
+
+LOOP_FLAGS = ["--env-id", "ProbeWalk-v0", "--num-envs", "2", "--buffer-size", "360", "--batch-size", "16"]
+LOOP_FLAGS += ["--learning-starts", "100", "--train-frequency", "4", "--target-network-frequency", "40"]
+LOOP_FLAGS += ["--total-timesteps", "400", "--exploration-fraction", "0.5", "--end-e", "0.2", "--gamma", "0.9"]
+LOOP_FLAGS += ["--n-atoms", "21", "--v-min", "-5", "--v-max", "5", "--learning-rate", "1e-3"]
+LOOP_FLAGS += ["--save-model", "--eval-episodes", "2", "--exp-name", "mine"]
+STEP_NAMES = ["obs_np", "actions", "next_obs_np", "rewards", "terminations", "truncations", "infos", "epsilon"]
+BATCH_NAMES = ["obs_b", "next_obs_b", "actions_b", "rewards_b", "terminations_b", "q_network", "target_network"]
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("loop")
+    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, final=["rb"])
+    return probe_script("c51.py", LOOP_FLAGS, cwd, **names, preload=["probe_envs"]), cwd
+
+
+def test_smoke_writes_finite_scalars_and_evaluates_saved_model(loop):
+    trace, cwd = loop
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, C51_KEYS + ["eval/episodic_return"])
+    assert len(scalars["eval/episodic_return"]) == 2
+    # Any --exp-name names the files; the model still says which script saved it.
+    assert torch.load(run_dir / "mine.cleanrl_model", weights_only=False)["script"] == "c51"
+    assert (run_dir / "args.json").is_file()
+    assert "400/400 steps" in trace.stdout  # the progress display's final line
+
+
+def stream(trace) -> list[dict]:
+    """One dict per loop iteration (taken as the step is stored): the observation acted on, the actions, epsilon and
+    what the env returned, with `true_next`: the next observation, the true final one where an episode ended."""
+    steps = [entry for entry in trace.steps if entry["step"] > 0]
+    assert [entry["step"] for entry in steps] == list(range(2, 401, 2))
+    for step in steps:
+        step["true_next"] = step["next_obs_np"].copy()
+        for env in np.flatnonzero(step["infos"].get("_final_obs", [])):
+            step["true_next"][env] = step["infos"]["final_obs"][env]
+    return steps
+
+
+def transition(step: dict, env: int) -> tuple:
+    """(obs, action, reward, terminated, true next obs) of one env's step, as a replay row holds them (float32)."""
+    reward = float(np.float32(step["rewards"][env]))
+    action, terminated = float(step["actions"][env]), float(step["terminations"][env])
+    return (step["obs_np"][env].tobytes(), action, reward, terminated, step["true_next"][env].tobytes())
+
+
+def test_the_replay_buffer_holds_each_step_with_its_true_next_observation_and_terminations_only(loop):
+    trace, _ = loop
+    steps, rb = stream(trace), trace.final["rb"]
+    assert (rb["size"], rb["pos"]) == (360, 400 % 360)  # 200 steps of 2 envs: 400 rows, wrapped around
+    ends = {"terminated": 0, "truncated": 0}
+    for t, step in enumerate(steps[-180:], start=len(steps) - 180):  # the last 180 steps fill the 360 rows
+        for env in range(2):
+            row = rb["data"][(2 * t + env) % 360]
+            # obs, the true next observation (never the reset one), action, reward, the termination flag only
+            key = (row[:3].numpy().tobytes(), row[6].item(), row[7].item(), row[8].item(), row[3:6].numpy().tobytes())
+            assert key == transition(step, env), f"step {t}, env {env}"
+            ends["terminated"] += int(step["terminations"][env])
+            ends["truncated"] += int(step["truncations"][env] and not step["terminations"][env])
+    assert min(ends.values()) >= 3, ends
+
+
+def test_each_update_samples_recent_transitions_and_minimises_the_cross_entropy_to_the_projected_target(loop):
+    trace, _ = loop
+    steps = stream(trace)
+    updates = trace.backward
+    assert [u["step"] for u in updates] == list(range(104, 401, 4))  # one gradient step per 4 env steps after 100
+    q_network, target_network = (c51.QNetwork(3, 3, n_atoms=21, v_min=-5, v_max=5) for _ in range(2))
+    support = np.linspace(-5, 5, 21)
+    terminal = 0
+    for update in updates:
+        t = update["step"] // 2  # steps stored so far; the buffer holds the last 180
+        recent = {transition(step, env) for step in steps[max(0, t - 180) : t] for env in range(2)}
+        rows = zip(update["obs_b"], update["actions_b"], update["rewards_b"], update["terminations_b"])
+        for i, (obs, action, reward, terminated) in enumerate(rows):
+            next_obs = update["next_obs_b"][i].numpy().tobytes()
+            key = (obs.numpy().tobytes(), action.item(), reward.item(), terminated.item(), next_obs)
+            assert key in recent, f"update at step {update['step']}: a sampled row is not a transition in the buffer"
+        q_network.load_state_dict(update["q_network"])
+        target_network.load_state_dict(update["target_network"])
+        with torch.no_grad():
+            # The target network's distribution at its own greedy next action (the largest mean), projected.
+            next_probs = torch.softmax(target_network(update["next_obs_b"]), dim=2).double().numpy()
+            greedy = (next_probs * support).sum(axis=2).argmax(axis=1)
+            target = reference_projection(
+                next_probs[np.arange(16), greedy],
+                update["rewards_b"].double().numpy(),
+                update["terminations_b"].double().numpy(),
+                support,
+                0.9,
+            )
+            log_probs = torch.log_softmax(q_network(update["obs_b"])[torch.arange(16), update["actions_b"]], dim=1)
+        expected = -(target * log_probs.double().numpy()).sum(axis=1).mean()
+        assert update["loss"].item() == pytest.approx(expected, rel=1e-5)
+        terminal += int(update["terminations_b"].sum())
+    assert terminal > 0, "some sampled rows should be terminations"
+
+
+def test_the_target_network_is_the_online_network_copied_every_target_network_frequency_steps(loop):
+    trace, _ = loop
+    updates = trace.backward
+    initial = updates[0]["q_network"]
+    copy_steps = [c for c in range(40, 401, 40) if c > 100]
+    for k, update in enumerate(updates):
+        # Copied at the end of the iteration whose step reached a multiple of 40 after learning started (after that
+        # iteration's gradient step): the online weights that the next update found.
+        copies = [c for c in copy_steps if c < update["step"]]
+        expected = next(u for u in updates if u["step"] > copies[-1])["q_network"] if copies else initial
+        for name, tensor in update["target_network"].items():
+            assert torch.equal(tensor, expected[name]), f"update {k} at step {update['step']}: {name}"
+    assert not torch.equal(updates[-1]["target_network"]["fc3.weight"], initial["fc3.weight"])
+
+
+def test_epsilon_decays_linearly_over_the_exploration_fraction(loop):
+    trace, _ = loop
+    duration = 0.5 * 400
+    steps = stream(trace)
+    for step in steps:
+        acted_at = step["step"] - 2  # epsilon is computed before the step is counted
+        assert step["epsilon"] == pytest.approx(max(1 + (0.2 - 1) * acted_at / duration, 0.2))
+    assert steps[-1]["epsilon"] == pytest.approx(0.2)
+
+
 # --- the projection --------------------------------------------------------------------------
 
 SUPPORT5 = [-2.0, -1.0, 0.0, 1.0, 2.0]
@@ -265,135 +397,3 @@ def test_learns_cartpole_clearly_better_than_random(workdir):
     assert result.returncode == 0, result.stderr
     returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
     assert np.mean(returns[-20:]) > 100, returns[-20:]
-
-
-# --- the loop's own wiring -----------------------------------------------------------------------------------------
-# c51.py runs unchanged under tests/probe.py on ProbeWalk-v0 (tests/probe_envs.py: 8-step episodes that terminate or
-# are truncated, varied rewards, distinct observations): what its loop stored and computed is compared with the env's
-# stream and with the C51 loss recomputed from the sampled rows and the copied networks (the projection by the plain
-# loop above). The same run is the smoke run (TensorBoard keys, the saved model's evaluation).
-
-LOOP_FLAGS = ["--env-id", "ProbeWalk-v0", "--num-envs", "2", "--buffer-size", "360", "--batch-size", "16"]
-LOOP_FLAGS += ["--learning-starts", "100", "--train-frequency", "4", "--target-network-frequency", "40"]
-LOOP_FLAGS += ["--total-timesteps", "400", "--exploration-fraction", "0.5", "--end-e", "0.2", "--gamma", "0.9"]
-LOOP_FLAGS += ["--n-atoms", "21", "--v-min", "-5", "--v-max", "5", "--learning-rate", "1e-3"]
-LOOP_FLAGS += ["--save-model", "--eval-episodes", "2", "--exp-name", "mine"]
-STEP_NAMES = ["obs_np", "actions", "next_obs_np", "rewards", "terminations", "truncations", "infos", "epsilon"]
-BATCH_NAMES = ["obs_b", "next_obs_b", "actions_b", "rewards_b", "terminations_b", "q_network", "target_network"]
-
-
-@pytest.fixture(scope="module")
-def loop(tmp_path_factory):
-    from probe import probe_script
-
-    cwd = tmp_path_factory.mktemp("loop")
-    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, final=["rb"])
-    return probe_script("c51.py", LOOP_FLAGS, cwd, **names, preload=["probe_envs"]), cwd
-
-
-def test_smoke_writes_finite_scalars_and_evaluates_saved_model(loop):
-    trace, cwd = loop
-    (run_dir,) = run_dirs(cwd)
-    scalars = read_scalars(run_dir)
-    assert_finite_keys(scalars, C51_KEYS + ["eval/episodic_return"])
-    assert len(scalars["eval/episodic_return"]) == 2
-    # Any --exp-name names the files; the model still says which script saved it.
-    assert torch.load(run_dir / "mine.cleanrl_model", weights_only=False)["script"] == "c51"
-    assert (run_dir / "args.json").is_file()
-    assert "400/400 steps" in trace.stdout  # the progress display's final line
-
-
-def stream(trace) -> list[dict]:
-    """One dict per loop iteration (taken as the step is stored): the observation acted on, the actions, epsilon and
-    what the env returned, with `true_next`: the next observation, the true final one where an episode ended."""
-    steps = [entry for entry in trace.steps if entry["step"] > 0]
-    assert [entry["step"] for entry in steps] == list(range(2, 401, 2))
-    for step in steps:
-        step["true_next"] = step["next_obs_np"].copy()
-        for env in np.flatnonzero(step["infos"].get("_final_obs", [])):
-            step["true_next"][env] = step["infos"]["final_obs"][env]
-    return steps
-
-
-def transition(step: dict, env: int) -> tuple:
-    """(obs, action, reward, terminated, true next obs) of one env's step, as a replay row holds them (float32)."""
-    reward = float(np.float32(step["rewards"][env]))
-    action, terminated = float(step["actions"][env]), float(step["terminations"][env])
-    return (step["obs_np"][env].tobytes(), action, reward, terminated, step["true_next"][env].tobytes())
-
-
-def test_the_replay_buffer_holds_each_step_with_its_true_next_observation_and_terminations_only(loop):
-    trace, _ = loop
-    steps, rb = stream(trace), trace.final["rb"]
-    assert (rb["size"], rb["pos"]) == (360, 400 % 360)  # 200 steps of 2 envs: 400 rows, wrapped around
-    ends = {"terminated": 0, "truncated": 0}
-    for t, step in enumerate(steps[-180:], start=len(steps) - 180):  # the last 180 steps fill the 360 rows
-        for env in range(2):
-            row = rb["data"][(2 * t + env) % 360]
-            # obs, the true next observation (never the reset one), action, reward, the termination flag only
-            key = (row[:3].numpy().tobytes(), row[6].item(), row[7].item(), row[8].item(), row[3:6].numpy().tobytes())
-            assert key == transition(step, env), f"step {t}, env {env}"
-            ends["terminated"] += int(step["terminations"][env])
-            ends["truncated"] += int(step["truncations"][env] and not step["terminations"][env])
-    assert min(ends.values()) >= 3, ends
-
-
-def test_each_update_samples_recent_transitions_and_minimises_the_cross_entropy_to_the_projected_target(loop):
-    trace, _ = loop
-    steps = stream(trace)
-    updates = trace.backward
-    assert [u["step"] for u in updates] == list(range(104, 401, 4))  # one gradient step per 4 env steps after 100
-    q_network, target_network = (c51.QNetwork(3, 3, n_atoms=21, v_min=-5, v_max=5) for _ in range(2))
-    support = np.linspace(-5, 5, 21)
-    terminal = 0
-    for update in updates:
-        t = update["step"] // 2  # steps stored so far; the buffer holds the last 180
-        recent = {transition(step, env) for step in steps[max(0, t - 180) : t] for env in range(2)}
-        rows = zip(update["obs_b"], update["actions_b"], update["rewards_b"], update["terminations_b"])
-        for i, (obs, action, reward, terminated) in enumerate(rows):
-            next_obs = update["next_obs_b"][i].numpy().tobytes()
-            key = (obs.numpy().tobytes(), action.item(), reward.item(), terminated.item(), next_obs)
-            assert key in recent, f"update at step {update['step']}: a sampled row is not a transition in the buffer"
-        q_network.load_state_dict(update["q_network"])
-        target_network.load_state_dict(update["target_network"])
-        with torch.no_grad():
-            # The target network's distribution at its own greedy next action (the largest mean), projected.
-            next_probs = torch.softmax(target_network(update["next_obs_b"]), dim=2).double().numpy()
-            greedy = (next_probs * support).sum(axis=2).argmax(axis=1)
-            target = reference_projection(
-                next_probs[np.arange(16), greedy],
-                update["rewards_b"].double().numpy(),
-                update["terminations_b"].double().numpy(),
-                support,
-                0.9,
-            )
-            log_probs = torch.log_softmax(q_network(update["obs_b"])[torch.arange(16), update["actions_b"]], dim=1)
-        expected = -(target * log_probs.double().numpy()).sum(axis=1).mean()
-        assert update["loss"].item() == pytest.approx(expected, rel=1e-5)
-        terminal += int(update["terminations_b"].sum())
-    assert terminal > 0, "some sampled rows should be terminations"
-
-
-def test_the_target_network_is_the_online_network_copied_every_target_network_frequency_steps(loop):
-    trace, _ = loop
-    updates = trace.backward
-    initial = updates[0]["q_network"]
-    copy_steps = [c for c in range(40, 401, 40) if c > 100]
-    for k, update in enumerate(updates):
-        # Copied at the end of the iteration whose step reached a multiple of 40 after learning started (after that
-        # iteration's gradient step): the online weights that the next update found.
-        copies = [c for c in copy_steps if c < update["step"]]
-        expected = next(u for u in updates if u["step"] > copies[-1])["q_network"] if copies else initial
-        for name, tensor in update["target_network"].items():
-            assert torch.equal(tensor, expected[name]), f"update {k} at step {update['step']}: {name}"
-    assert not torch.equal(updates[-1]["target_network"]["fc3.weight"], initial["fc3.weight"])
-
-
-def test_epsilon_decays_linearly_over_the_exploration_fraction(loop):
-    trace, _ = loop
-    duration = 0.5 * 400
-    steps = stream(trace)
-    for step in steps:
-        acted_at = step["step"] - 2  # epsilon is computed before the step is counted
-        assert step["epsilon"] == pytest.approx(max(1 + (0.2 - 1) * acted_at / duration, 0.2))
-    assert steps[-1]["epsilon"] == pytest.approx(0.2)

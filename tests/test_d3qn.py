@@ -1,17 +1,19 @@
-"""d3qn.py: the sum tree, importance weights, n-step returns, the dueling aggregation and the double-Q target against
-plain references; the replay buffer against the stream it was fed (true final observations, windows cut at episode
-ends, priorities of new rows); smoke runs (all on, and plain Double DQN), SIGKILL + --resume exactness (priorities
-included), bad input."""
+"""d3qn.py: its own loop run under observation (replay rows against the env's stream; every update's n-step
+transitions, double-Q target through a plain dueling network, importance weights and loss against plain references;
+priorities written back and given to new rows; target-network copies; epsilon and beta); the sum tree, importance
+weights, n-step returns, the dueling aggregation and the double-Q target against plain references; the replay buffer
+against the stream it was fed (true final observations, windows cut at episode ends, priorities of new rows); smoke
+runs (all on, and plain Double DQN), SIGKILL + --resume exactness (priorities included), bad input."""
 
 from __future__ import annotations
 
 import math
 
 import d3qn
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
 from scipy import stats
 
@@ -71,6 +73,186 @@ def test_plain_double_dqn_smoke(workdir):
     assert_finite_keys(read_scalars(run_dir), KEYS)
     model = torch.load(run_dir / "ddqn.cleanrl_model", weights_only=False)
     assert not model["dueling"] and not any(key.startswith("value.") for key in model["q_network"])
+
+
+# --- the loop's own wiring -----------------------------------------------------------------------------------------
+# d3qn.py runs unchanged under tests/probe.py on ProbeWalk-v0 (tests/probe_envs.py: 8-step episodes that terminate or
+# are truncated, varied rewards, distinct observations), dueling, prioritized and 3-step. What its loop stored, drew
+# and computed is compared with the env's stream and with plain references: each sampled row's n-step transition
+# (reference_transition above), the dueling Q-values from the copied weights, the double-Q target, the importance
+# weights from the tree's priorities, the loss, and the priorities written back.
+
+N_STEP, GAMMA, ALPHA, BETA0, EPS = 3, 0.9, 0.6, 0.4, 1e-6
+LOOP_FLAGS = ["--env-id", "ProbeWalk-v0", "--num-envs", "2", "--buffer-size", "360", "--batch-size", "16"]
+LOOP_FLAGS += ["--learning-starts", "100", "--train-frequency", "4", "--target-network-frequency", "40"]
+LOOP_FLAGS += ["--total-timesteps", "400", "--exploration-fraction", "0.5", "--end-e", "0.2", "--gamma", str(GAMMA)]
+LOOP_FLAGS += ["--learning-rate", "1e-3", "--n-step", str(N_STEP)]
+STEP_NAMES = ["obs_np", "actions", "next_obs_np", "rewards", "terminations", "truncations", "infos", "epsilon"]
+BATCH_NAMES = ["obs_b", "next_obs_b", "actions_b", "returns_b", "discounts_b", "leaves", "weights", "beta"]
+BATCH_NAMES += ["q_network", "target_network", "rb"]
+ROWS = 180  # rows per env: 360 // 2
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("loop")
+    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, final=["rb"])
+    return probe_script("d3qn.py", LOOP_FLAGS, cwd, **names, preload=["probe_envs"])
+
+
+def env_streams(trace) -> tuple[list[dict], list[dict]]:
+    """The loop's steps (taken as each is stored), and per env the lists reference_transition reads: obs, the true
+    next observation (the true final one where an episode ended), action, reward, terminated, truncated."""
+    steps = [entry for entry in trace.steps if entry["step"] > 0]
+    assert [entry["step"] for entry in steps] == list(range(2, 401, 2))
+    streams = [dict(obs=[], next_obs=[], actions=[], rewards=[], terminations=[], truncations=[]) for _ in range(2)]
+    for step in steps:
+        true_next = step["next_obs_np"].copy()
+        for env in np.flatnonzero(step["infos"].get("_final_obs", [])):
+            true_next[env] = step["infos"]["final_obs"][env]
+        for env, s in enumerate(streams):
+            s["obs"].append(step["obs_np"][env])
+            s["next_obs"].append(true_next[env])
+            s["actions"].append(int(step["actions"][env]))
+            s["rewards"].append(float(np.float32(step["rewards"][env])))
+            s["terminations"].append(bool(step["terminations"][env]))
+            s["truncations"].append(bool(step["truncations"][env]))
+    return steps, streams
+
+
+def dueling_q(state: dict, obs: torch.Tensor) -> torch.Tensor:
+    """Q = V + A - mean_a A, computed from a dueling QNetwork's weights (two hidden ReLU layers, then the heads)."""
+    h = F.relu(F.linear(obs, state["torso.0.weight"], state["torso.0.bias"]))
+    h = F.relu(F.linear(h, state["torso.2.weight"], state["torso.2.bias"]))
+    value = F.linear(h, state["value.weight"], state["value.bias"])
+    advantage = F.linear(h, state["advantage.weight"], state["advantage.bias"])
+    return value + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+def stored_step(row: int, stored: int) -> int:
+    """The step whose transitions a buffer row holds once `stored` steps were written: the latest t < stored at it."""
+    return row + ROWS * ((stored - 1 - row) // ROWS)
+
+
+def test_the_replay_buffer_holds_each_step_with_its_true_next_observation_and_both_end_flags(loop):
+    _, streams = env_streams(loop)
+    rb = loop.final["rb"]
+    assert (rb["size"], rb["pos"]) == (ROWS, 200 % ROWS)  # 200 steps into 180 rows: wrapped around
+    ends = {"terminated": 0, "truncated": 0}
+    for t in range(200 - ROWS, 200):
+        for env, s in enumerate(streams):
+            row = rb["data"][t % ROWS, env]
+            assert row[:3].numpy().tobytes() == s["obs"][t].tobytes()
+            assert row[3:6].numpy().tobytes() == s["next_obs"][t].tobytes(), f"step {t}, env {env}"  # never a reset
+            assert row[6:].tolist() == [s["actions"][t], s["rewards"][t], s["terminations"][t], s["truncations"][t]]
+            ends["terminated"] += s["terminations"][t]
+            ends["truncated"] += s["truncations"][t] and not s["terminations"][t]
+    assert min(ends.values()) >= 3, ends
+
+
+def tree_leaves(rb: dict) -> torch.Tensor:
+    """The sum tree's leaves from a copy of the buffer (its state_dict): priority ** alpha of row t of env e at leaf
+    t * 2 + e. The tree's nodes: the root at 1, then each level, the leaves in the second half."""
+    nodes = rb["priorities"]
+    return nodes[len(nodes) // 2 : len(nodes) // 2 + 2 * ROWS]
+
+
+def test_each_update_learns_from_n_step_transitions_with_double_q_dueling_targets_and_importance_weights(loop):
+    _, streams = env_streams(loop)
+    updates = loop.backward
+    assert [u["step"] for u in updates] == list(range(104, 401, 4))  # one gradient step per 4 env steps after 100
+    cut = {"terminated": 0, "truncated": 0}
+    for update in updates:
+        stored = update["step"] // 2
+        assert update["beta"] == pytest.approx(min(1.0, BETA0 + (1 - BETA0) * update["step"] / 400))
+        for i, leaf in enumerate(update["leaves"].tolist()):
+            row, env = divmod(leaf, 2)
+            t = stored_step(row, stored)
+            assert t + N_STEP <= stored, "a sampled row's n-step window must be complete"
+            obs, boot_obs, action, g, discount = reference_transition(streams[env], t, N_STEP, GAMMA)
+            assert update["obs_b"][i].numpy().tobytes() == obs.tobytes()
+            assert update["next_obs_b"][i].numpy().tobytes() == boot_obs.tobytes()
+            assert update["actions_b"][i].item() == action
+            assert update["returns_b"][i].item() == pytest.approx(g, rel=1e-5, abs=1e-6)
+            assert update["discounts_b"][i].item() == pytest.approx(discount, rel=1e-6)
+            window = [streams[env][key][t : t + N_STEP] for key in ("rewards", "terminations", "truncations")]
+            if reference_n_step(*window, GAMMA)[1] < N_STEP:  # a window cut short by an episode's end
+                cut["terminated" if discount == 0 else "truncated"] += 1
+        # Importance weights from the tree the batch was drawn from: (N P(i))^-beta over their largest.
+        priorities = tree_leaves(update["rb"])[update["leaves"]]
+        probs = priorities / tree_leaves(update["rb"]).sum()
+        complete = (update["rb"]["size"] - N_STEP + 1) * 2
+        weights = (complete * probs) ** -update["beta"]
+        weights = weights / weights.max()
+        torch.testing.assert_close(update["weights"].double(), weights, rtol=1e-6, atol=0)
+        with torch.no_grad():
+            online, target = update["q_network"], update["target_network"]
+            next_actions = dueling_q(online, update["next_obs_b"]).argmax(dim=1)  # the online network picks
+            next_q = dueling_q(target, update["next_obs_b"])[torch.arange(16), next_actions]  # the target values
+            td = dueling_q(online, update["obs_b"])[torch.arange(16), update["actions_b"]] - (
+                update["returns_b"] + update["discounts_b"] * next_q
+            )
+        expected = (weights * td.double() ** 2).mean().item()
+        assert update["loss"].item() == pytest.approx(expected, rel=1e-5)
+    assert min(cut.values()) > 0, cut
+
+
+def test_priorities_are_written_back_as_abs_td_plus_eps_and_new_rows_enter_at_the_largest_so_far(loop):
+    updates = loop.backward
+    largest = 1.0  # the largest priority so far, new rows' priority
+    checked = 0
+    for k, update in enumerate(updates):
+        stored = update["step"] // 2
+        leaves = tree_leaves(update["rb"]).view(ROWS, 2)
+        # Rows whose window became complete since the previous draw enter at the largest priority so far; the
+        # newest n - 1 steps' rows, still incomplete, at 0.
+        previous = updates[k - 1]["step"] // 2 if k else 0
+        for t in range(max(0, previous - N_STEP + 1), stored - N_STEP + 1):
+            assert leaves[t % ROWS].tolist() == pytest.approx([largest**ALPHA] * 2), f"step {t}"
+        for t in range(stored - N_STEP + 1, stored):
+            assert leaves[t % ROWS].eq(0).all()
+        assert update["rb"]["max_priority"].item() == pytest.approx(largest)
+        # This update's priorities, found in the tree at the next draw (or at the end): (|TD error| + eps)^alpha,
+        # except on rows that new steps overwrote meanwhile.
+        with torch.no_grad():
+            online, target = update["q_network"], update["target_network"]
+            next_actions = dueling_q(online, update["next_obs_b"]).argmax(dim=1)
+            next_q = dueling_q(target, update["next_obs_b"])[torch.arange(16), next_actions]
+            q_taken = dueling_q(online, update["obs_b"])[torch.arange(16), update["actions_b"]]
+            priorities = (q_taken - update["returns_b"] - update["discounts_b"] * next_q).abs() + EPS
+        after = updates[k + 1] if k + 1 < len(updates) else {"rb": loop.final["rb"], "step": update["step"]}
+        rewritten = {t % ROWS for t in range(stored - N_STEP + 1, after["step"] // 2)}
+        written_back = tree_leaves(after["rb"])
+        for leaf, priority in zip(update["leaves"].tolist(), priorities.double()):
+            if leaf // 2 not in rewritten:
+                # Compared as priorities: a small TD error is a difference of two float32 Q-values (abs 1e-6).
+                assert written_back[leaf].item() ** (1 / ALPHA) == pytest.approx(priority.item(), rel=1e-5, abs=1e-6)
+                checked += 1
+        largest = max(largest, priorities.max().item())
+    assert checked > 0.9 * 16 * len(updates)
+
+
+def test_the_target_network_is_the_online_network_copied_every_target_network_frequency_steps(loop):
+    updates = loop.backward
+    initial = updates[0]["q_network"]
+    copy_steps = [c for c in range(40, 401, 40) if c > 100]
+    for k, update in enumerate(updates):
+        # Copied at the end of the iteration whose step reached a multiple of 40 after learning started (after that
+        # iteration's gradient step): the online weights that the next update found.
+        copies = [c for c in copy_steps if c < update["step"]]
+        expected = next(u for u in updates if u["step"] > copies[-1])["q_network"] if copies else initial
+        for name, tensor in update["target_network"].items():
+            assert torch.equal(tensor, expected[name]), f"update {k} at step {update['step']}: {name}"
+    assert not torch.equal(updates[-1]["target_network"]["value.weight"], initial["value.weight"])
+
+
+def test_epsilon_decays_linearly_over_the_exploration_fraction(loop):
+    steps, _ = env_streams(loop)
+    for step in steps:
+        acted_at = step["step"] - 2  # epsilon is computed before the step is counted
+        assert step["epsilon"] == pytest.approx(max(1 + (0.2 - 1) * acted_at / 200, 0.2))
 
 
 # --- the sum tree and importance weights ---------------------------------------------------------------------------
@@ -304,32 +486,6 @@ def test_uniform_buffer_draws_every_complete_row_alike():
     counts = np.bincount(leaves.numpy(), minlength=steps * num_envs)
     assert np.flatnonzero(counts).tolist() == expected_leaves
     assert stats.chisquare(counts[expected_leaves]).pvalue > 1e-3
-
-
-def test_buffer_bootstraps_a_truncated_cartpole_episode_from_its_true_final_observation():
-    gym.register(
-        "CartPoleFiveStepsD3QN-v1",
-        entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
-        max_episode_steps=5,
-    )
-    gamma, actions = 0.9, [0, 1, 0, 1, 0, 1, 0]  # keeps the pole up: the 5th step truncates, nothing terminates
-    envs = d3qn.make_envs("CartPoleFiveStepsD3QN-v1", 1)
-    rb = d3qn.ReplayBuffer(20, 1, 4, 3, gamma, 0.6, True, "cpu")
-    obs, _ = envs.reset(seed=3)
-    for action in actions:
-        next_obs, rewards, terminations, truncations, infos = envs.step(np.array([action]))
-        rb.add(obs, next_obs, np.array([action]), rewards, terminations, truncations, infos)
-        obs = next_obs.astype(np.float32)
-    envs.close()
-    env = gym.make("CartPoleFiveStepsD3QN-v1")
-    reference = [env.reset(seed=3)[0]] + [env.step(a)[0] for a in actions[:5]]  # reset + 5 steps, truncated
-    env.close()
-    _, boot_obs, _, returns, discounts = rb.transitions(torch.tensor([1, 2, 3, 4]))
-    for i, obs_index in enumerate([4, 5, 5, 5]):  # step 1's window ends before the truncation; the others at it
-        np.testing.assert_allclose(boot_obs[i].numpy(), reference[obs_index], rtol=1e-6)
-    torch.testing.assert_close(returns, torch.tensor([1 + gamma + gamma**2, 1 + gamma + gamma**2, 1 + gamma, 1.0]))
-    torch.testing.assert_close(discounts, torch.tensor([gamma**3, gamma**3, gamma**2, gamma]))
-    assert rb.obs[5, 0].tolist() != pytest.approx(reference[5].tolist())  # step 5 starts a fresh episode
 
 
 # --- bad input -----------------------------------------------------------------------------------------------------

@@ -72,6 +72,131 @@ def test_a_renamed_copy_evaluates_and_resumes_its_own_files_and_dqn_refuses_them
     assert refused.returncode == 2 and "written by my_dqn.py, not dqn.py" in refused.stderr, refused.stderr
 
 
+# --- the loop's own wiring -----------------------------------------------------------------------------------------
+# dqn.py runs unchanged under tests/probe.py on ProbeWalk-v0 (tests/probe_envs.py: 8-step episodes that terminate or
+# are truncated, varied rewards, distinct observations): what its loop stored and computed is compared with the env's
+# stream and with the DQN target recomputed from the sampled rows and the copied networks. The same run is the smoke
+# run (TensorBoard keys, the saved model's evaluation).
+
+LOOP_FLAGS = ["--env-id", "ProbeWalk-v0", "--num-envs", "2", "--buffer-size", "360", "--batch-size", "16"]
+LOOP_FLAGS += ["--learning-starts", "100", "--train-frequency", "4", "--target-network-frequency", "40"]
+LOOP_FLAGS += ["--total-timesteps", "400", "--exploration-fraction", "0.5", "--end-e", "0.2", "--gamma", "0.9"]
+LOOP_FLAGS += ["--learning-rate", "1e-3", "--save-model", "--eval-episodes", "2", "--exp-name", "mine"]
+STEP_NAMES = ["obs_np", "actions", "next_obs_np", "rewards", "terminations", "truncations", "infos", "epsilon"]
+BATCH_NAMES = ["obs", "next_obs", "actions", "rewards", "terminations", "q_network", "target_network"]
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("loop")
+    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, final=["rb"])
+    return probe_script("dqn.py", LOOP_FLAGS, cwd, **names, preload=["probe_envs"]), cwd
+
+
+def test_smoke_writes_finite_scalars_and_evaluates_saved_model(loop):
+    trace, cwd = loop
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, DQN_KEYS + ["eval/episodic_return"])
+    assert len(scalars["eval/episodic_return"]) == 2
+    # Any --exp-name names the files; the model still says which script saved it.
+    assert torch.load(run_dir / "mine.cleanrl_model", weights_only=False)["script"] == "dqn"
+    assert (run_dir / "args.json").is_file()
+    assert "400/400 steps" in trace.stdout  # the progress display's final line
+
+
+def stream(trace) -> list[dict]:
+    """One dict per loop iteration (taken as the step is stored): the observation acted on, the actions, epsilon and
+    what the env returned, with `true_next`: the next observation, the true final one where an episode ended."""
+    steps = [entry for entry in trace.steps if entry["step"] > 0]
+    assert [entry["step"] for entry in steps] == list(range(2, 401, 2))
+    for step in steps:
+        step["true_next"] = step["next_obs_np"].copy()
+        for env in np.flatnonzero(step["infos"].get("_final_obs", [])):
+            step["true_next"][env] = step["infos"]["final_obs"][env]
+    return steps
+
+
+def transition(step: dict, env: int) -> tuple:
+    """(obs, action, reward, terminated, true next obs) of one env's step, as a replay row holds them (float32)."""
+    reward = float(np.float32(step["rewards"][env]))
+    action, terminated = float(step["actions"][env]), float(step["terminations"][env])
+    return (step["obs_np"][env].tobytes(), action, reward, terminated, step["true_next"][env].tobytes())
+
+
+def test_the_replay_buffer_holds_each_step_with_its_true_next_observation_and_terminations_only(loop):
+    trace, _ = loop
+    steps, rb = stream(trace), trace.final["rb"]
+    assert (rb["size"], rb["pos"]) == (360, 400 % 360)  # 200 steps of 2 envs: 400 rows, wrapped around
+    obs_dim = 3
+    ends = {"terminated": 0, "truncated": 0}
+    for t, step in enumerate(steps[-180:], start=len(steps) - 180):  # the last 180 steps fill the 360 rows
+        for env in range(2):
+            row = rb["data"][(2 * t + env) % 360]
+            obs, next_obs, (action, reward, terminated) = row[:obs_dim], row[obs_dim : 2 * obs_dim], row[2 * obs_dim :]
+            assert obs.numpy().tobytes() == step["obs_np"][env].astype(np.float32).tobytes()
+            # The true next observation, never the reset one where the episode ended; the termination flag only.
+            assert next_obs.numpy().tobytes() == step["true_next"][env].tobytes(), f"step {t}, env {env}"
+            assert (action.item(), terminated.item()) == (step["actions"][env], float(step["terminations"][env]))
+            assert reward.item() == pytest.approx(step["rewards"][env], rel=1e-6)
+            ends["terminated"] += int(step["terminations"][env])
+            ends["truncated"] += int(step["truncations"][env] and not step["terminations"][env])
+    assert min(ends.values()) >= 3, ends
+
+
+def test_each_update_samples_recent_transitions_and_regresses_on_the_target_networks_max(loop):
+    trace, _ = loop
+    steps = stream(trace)
+    updates = trace.backward
+    assert [u["step"] for u in updates] == list(range(104, 401, 4))  # one gradient step per 4 env steps after 100
+    q_network, target_network = dqn.QNetwork(3, 3), dqn.QNetwork(3, 3)
+    terminal = truncated_next = 0
+    for update in updates:
+        t = update["step"] // 2  # steps stored so far; the buffer holds the last 180
+        recent = {transition(step, env) for step in steps[max(0, t - 180) : t] for env in range(2)}
+        batch = zip(update["obs"], update["actions"], update["rewards"], update["terminations"], update["next_obs"])
+        for obs, action, reward, terminated, next_obs in batch:
+            key = (obs.numpy().tobytes(), action.item(), reward.item(), terminated.item(), next_obs.numpy().tobytes())
+            assert key in recent, f"update at step {update['step']}: a sampled row is not a transition in the buffer"
+            truncated_next += next_obs[1].item() == 1.0 and not terminated  # ProbeWalk's 8th step: a truncation
+        q_network.load_state_dict(update["q_network"])
+        target_network.load_state_dict(update["target_network"])
+        with torch.no_grad():
+            q_taken = q_network(update["obs"])[torch.arange(16), update["actions"]]
+            next_max = target_network(update["next_obs"]).max(dim=1).values
+            target = update["rewards"] + 0.9 * next_max * (1 - update["terminations"])
+        assert update["loss"].item() == pytest.approx(((q_taken - target) ** 2).mean().item(), rel=1e-5)
+        terminal += int(update["terminations"].sum())
+    assert terminal > 0 and truncated_next > 0, "sampled rows should hold terminations and truncations"
+
+
+def test_the_target_network_is_the_online_network_copied_every_target_network_frequency_steps(loop):
+    trace, _ = loop
+    updates = trace.backward
+    initial = updates[0]["q_network"]
+    copy_steps = [c for c in range(40, 401, 40) if c > 100]
+    for k, update in enumerate(updates):
+        # Copied at the end of the iteration whose step reached a multiple of 40 after learning started (after that
+        # iteration's gradient step): the online weights that the next update found.
+        copies = [c for c in copy_steps if c < update["step"]]
+        expected = next(u for u in updates if u["step"] > copies[-1])["q_network"] if copies else initial
+        for name, tensor in update["target_network"].items():
+            assert torch.equal(tensor, expected[name]), f"update {k} at step {update['step']}: {name}"
+    assert not torch.equal(updates[-1]["target_network"]["fc3.weight"], initial["fc3.weight"])
+
+
+def test_epsilon_decays_linearly_over_the_exploration_fraction(loop):
+    trace, _ = loop
+    duration = 0.5 * 400
+    steps = stream(trace)
+    for step in steps:
+        acted_at = step["step"] - 2  # epsilon is computed before the step is counted
+        assert step["epsilon"] == pytest.approx(max(1 + (0.2 - 1) * acted_at / duration, 0.2))
+    assert steps[-1]["epsilon"] == pytest.approx(0.2)
+
+
 # --- the maths -------------------------------------------------------------------------------
 
 
@@ -282,128 +407,3 @@ def test_learns_cartpole_clearly_better_than_random(workdir):
     assert result.returncode == 0, result.stderr
     returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
     assert np.mean(returns[-20:]) > 100, returns[-20:]
-
-
-# --- the loop's own wiring -----------------------------------------------------------------------------------------
-# dqn.py runs unchanged under tests/probe.py on ProbeWalk-v0 (tests/probe_envs.py: 8-step episodes that terminate or
-# are truncated, varied rewards, distinct observations): what its loop stored and computed is compared with the env's
-# stream and with the DQN target recomputed from the sampled rows and the copied networks. The same run is the smoke
-# run (TensorBoard keys, the saved model's evaluation).
-
-LOOP_FLAGS = ["--env-id", "ProbeWalk-v0", "--num-envs", "2", "--buffer-size", "360", "--batch-size", "16"]
-LOOP_FLAGS += ["--learning-starts", "100", "--train-frequency", "4", "--target-network-frequency", "40"]
-LOOP_FLAGS += ["--total-timesteps", "400", "--exploration-fraction", "0.5", "--end-e", "0.2", "--gamma", "0.9"]
-LOOP_FLAGS += ["--learning-rate", "1e-3", "--save-model", "--eval-episodes", "2", "--exp-name", "mine"]
-STEP_NAMES = ["obs_np", "actions", "next_obs_np", "rewards", "terminations", "truncations", "infos", "epsilon"]
-BATCH_NAMES = ["obs", "next_obs", "actions", "rewards", "terminations", "q_network", "target_network"]
-
-
-@pytest.fixture(scope="module")
-def loop(tmp_path_factory):
-    from probe import probe_script
-
-    cwd = tmp_path_factory.mktemp("loop")
-    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, final=["rb"])
-    return probe_script("dqn.py", LOOP_FLAGS, cwd, **names, preload=["probe_envs"]), cwd
-
-
-def test_smoke_writes_finite_scalars_and_evaluates_saved_model(loop):
-    trace, cwd = loop
-    (run_dir,) = run_dirs(cwd)
-    scalars = read_scalars(run_dir)
-    assert_finite_keys(scalars, DQN_KEYS + ["eval/episodic_return"])
-    assert len(scalars["eval/episodic_return"]) == 2
-    # Any --exp-name names the files; the model still says which script saved it.
-    assert torch.load(run_dir / "mine.cleanrl_model", weights_only=False)["script"] == "dqn"
-    assert (run_dir / "args.json").is_file()
-    assert "400/400 steps" in trace.stdout  # the progress display's final line
-
-
-def stream(trace) -> list[dict]:
-    """One dict per loop iteration (taken as the step is stored): the observation acted on, the actions, epsilon and
-    what the env returned, with `true_next`: the next observation, the true final one where an episode ended."""
-    steps = [entry for entry in trace.steps if entry["step"] > 0]
-    assert [entry["step"] for entry in steps] == list(range(2, 401, 2))
-    for step in steps:
-        step["true_next"] = step["next_obs_np"].copy()
-        for env in np.flatnonzero(step["infos"].get("_final_obs", [])):
-            step["true_next"][env] = step["infos"]["final_obs"][env]
-    return steps
-
-
-def transition(step: dict, env: int) -> tuple:
-    """(obs, action, reward, terminated, true next obs) of one env's step, as a replay row holds them (float32)."""
-    reward = float(np.float32(step["rewards"][env]))
-    action, terminated = float(step["actions"][env]), float(step["terminations"][env])
-    return (step["obs_np"][env].tobytes(), action, reward, terminated, step["true_next"][env].tobytes())
-
-
-def test_the_replay_buffer_holds_each_step_with_its_true_next_observation_and_terminations_only(loop):
-    trace, _ = loop
-    steps, rb = stream(trace), trace.final["rb"]
-    assert (rb["size"], rb["pos"]) == (360, 400 % 360)  # 200 steps of 2 envs: 400 rows, wrapped around
-    obs_dim = 3
-    ends = {"terminated": 0, "truncated": 0}
-    for t, step in enumerate(steps[-180:], start=len(steps) - 180):  # the last 180 steps fill the 360 rows
-        for env in range(2):
-            row = rb["data"][(2 * t + env) % 360]
-            obs, next_obs, (action, reward, terminated) = row[:obs_dim], row[obs_dim : 2 * obs_dim], row[2 * obs_dim :]
-            assert obs.numpy().tobytes() == step["obs_np"][env].astype(np.float32).tobytes()
-            # The true next observation, never the reset one where the episode ended; the termination flag only.
-            assert next_obs.numpy().tobytes() == step["true_next"][env].tobytes(), f"step {t}, env {env}"
-            assert (action.item(), terminated.item()) == (step["actions"][env], float(step["terminations"][env]))
-            assert reward.item() == pytest.approx(step["rewards"][env], rel=1e-6)
-            ends["terminated"] += int(step["terminations"][env])
-            ends["truncated"] += int(step["truncations"][env] and not step["terminations"][env])
-    assert min(ends.values()) >= 3, ends
-
-
-def test_each_update_samples_recent_transitions_and_regresses_on_the_target_networks_max(loop):
-    trace, _ = loop
-    steps = stream(trace)
-    updates = trace.backward
-    assert [u["step"] for u in updates] == list(range(104, 401, 4))  # one gradient step per 4 env steps after 100
-    q_network, target_network = dqn.QNetwork(3, 3), dqn.QNetwork(3, 3)
-    terminal = truncated_next = 0
-    for update in updates:
-        t = update["step"] // 2  # steps stored so far; the buffer holds the last 180
-        recent = {transition(step, env) for step in steps[max(0, t - 180) : t] for env in range(2)}
-        batch = zip(update["obs"], update["actions"], update["rewards"], update["terminations"], update["next_obs"])
-        for obs, action, reward, terminated, next_obs in batch:
-            key = (obs.numpy().tobytes(), action.item(), reward.item(), terminated.item(), next_obs.numpy().tobytes())
-            assert key in recent, f"update at step {update['step']}: a sampled row is not a transition in the buffer"
-            truncated_next += next_obs[1].item() == 1.0 and not terminated  # ProbeWalk's 8th step: a truncation
-        q_network.load_state_dict(update["q_network"])
-        target_network.load_state_dict(update["target_network"])
-        with torch.no_grad():
-            q_taken = q_network(update["obs"])[torch.arange(16), update["actions"]]
-            next_max = target_network(update["next_obs"]).max(dim=1).values
-            target = update["rewards"] + 0.9 * next_max * (1 - update["terminations"])
-        assert update["loss"].item() == pytest.approx(((q_taken - target) ** 2).mean().item(), rel=1e-5)
-        terminal += int(update["terminations"].sum())
-    assert terminal > 0 and truncated_next > 0, "sampled rows should hold terminations and truncations"
-
-
-def test_the_target_network_is_the_online_network_copied_every_target_network_frequency_steps(loop):
-    trace, _ = loop
-    updates = trace.backward
-    initial = updates[0]["q_network"]
-    copy_steps = [c for c in range(40, 401, 40) if c > 100]
-    for k, update in enumerate(updates):
-        # Copied at the end of the iteration whose step reached a multiple of 40 after learning started (after that
-        # iteration's gradient step): the online weights that the next update found.
-        copies = [c for c in copy_steps if c < update["step"]]
-        expected = next(u for u in updates if u["step"] > copies[-1])["q_network"] if copies else initial
-        for name, tensor in update["target_network"].items():
-            assert torch.equal(tensor, expected[name]), f"update {k} at step {update['step']}: {name}"
-    assert not torch.equal(updates[-1]["target_network"]["fc3.weight"], initial["fc3.weight"])
-
-
-def test_epsilon_decays_linearly_over_the_exploration_fraction(loop):
-    trace, _ = loop
-    duration = 0.5 * 400
-    steps = stream(trace)
-    for step in steps:
-        acted_at = step["step"] - 2  # epsilon is computed before the step is counted
-        assert step["epsilon"] == pytest.approx(max(1 + (0.2 - 1) * acted_at / duration, 0.2))
-    assert steps[-1]["epsilon"] == pytest.approx(0.2)

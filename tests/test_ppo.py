@@ -38,6 +38,172 @@ PPO_KEYS = [
 ]
 
 
+# --- the loop's own wiring ---------------------------------------------------------------------------------------
+# ppo.py runs unchanged under tests/probe.py on ProbeWalk-v0 (tests/probe_envs.py: 8-step episodes that terminate or
+# are truncated, varied rewards, distinct observations). From what its loop saw, the tests rebuild the rollout, the
+# advantages (a plain loop), every minibatch's loss and optimiser step and the learning rate, and compare them with
+# what the loop stored and used. The same run is the smoke run (TensorBoard keys, the saved model's evaluation).
+
+NUM_ENVS, NUM_STEPS, ITERATIONS, MINIBATCH = 2, 16, 3, 16
+LEARNING_RATE = 0.01  # large enough that later minibatches clip both the ratio and the value
+LOOP_FLAGS = ["--env-id", "ProbeWalk-v0", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2"]
+LOOP_FLAGS += ["--update-epochs", "2", "--total-timesteps", "96", "--learning-rate", str(LEARNING_RATE)]
+LOOP_FLAGS += ["--save-model", "--eval-episodes", "2"]
+STEP_NAMES = ["next_obs", "action", "reward", "terminated", "truncated", "infos", "iteration"]
+BACKWARD_NAMES = ["mb", "agent", "optimizer", "batch", "b_inds", "start", "iteration"]
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("loop")
+    names = dict(watch=STEP_NAMES, at_backward=BACKWARD_NAMES, final=["next_obs", "action", "reward", "infos"])
+    trace = probe_script("ppo.py", LOOP_FLAGS, cwd, **names, preload=["probe_envs"])
+    return trace, cwd
+
+
+def test_smoke_writes_finite_scalars_and_evaluates_saved_model(loop):
+    trace, cwd = loop
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, PPO_KEYS + ["eval/episodic_return"])
+    assert len(scalars["eval/episodic_return"]) == 2
+    assert (run_dir / "ppo.cleanrl_model").is_file() and (run_dir / "args.json").is_file()
+    assert "96/96 steps" in trace.stdout  # the progress display's final line
+
+
+def rollouts(trace) -> list[dict]:
+    """Per iteration, the env stream as the loop met it: the observations acted on, the actions, what the env
+    returned, the true final observations of the episodes that ended, and the observation after the rollout."""
+    from probe_envs import probe_walk_ends
+
+    acted = [entry for entry in trace.steps if entry["step"] > 0]  # seen as each step begins: the obs to act on
+    returned = acted[1:] + [trace.final]  # what a step returned: seen as the next one begins, the last one at exit
+    assert [entry["step"] for entry in acted] == list(range(NUM_ENVS, NUM_ENVS * NUM_STEPS * ITERATIONS + 1, NUM_ENVS))
+    result = []
+    for i in range(ITERATIONS):
+        steps = range(i * NUM_STEPS, (i + 1) * NUM_STEPS)
+        final_obs = {}
+        ends = np.zeros((NUM_STEPS, NUM_ENVS, 2), dtype=bool)  # terminated, truncated
+        for t, k in enumerate(steps):
+            for env in np.flatnonzero(returned[k]["infos"].get("_final_obs", [])):
+                final_obs[t, env] = torch.as_tensor(returned[k]["infos"]["final_obs"][env])
+                # A rollout's last step is seen after the loop has reused the names `terminated` and `truncated`:
+                # the flags of every step are read from its final observation (ProbeWalk's position and step count).
+                ends[t, env] = probe_walk_ends(final_obs[t, env])
+            if t < NUM_STEPS - 1:
+                assert ends[t, :, 0].tolist() == returned[k]["terminated"].tolist()
+                assert ends[t, :, 1].tolist() == returned[k]["truncated"].tolist()
+        result.append(
+            dict(
+                obs=torch.stack([acted[k]["next_obs"] for k in steps]),
+                actions=torch.stack([returned[k]["action"] for k in steps]),
+                rewards=np.stack([returned[k]["reward"] for k in steps]),
+                terminations=ends[..., 0],
+                truncations=ends[..., 1],
+                final_obs=final_obs,
+                after=returned[steps[-1]]["next_obs"],
+            )
+        )
+    return result
+
+
+def agent_from(state: dict) -> ppo.Agent:
+    agent = ppo.Agent(3, 3)
+    agent.load_state_dict(state)
+    return agent
+
+
+def test_each_rollout_is_the_env_stream_with_advantages_from_a_plain_gae_loop(loop):
+    trace, _ = loop
+    truncated_only = terminated = 0
+    for i, rollout in enumerate(rollouts(trace), start=1):
+        first = next(entry for entry in trace.backward if entry["iteration"] == i)
+        agent = agent_from(first["agent"])  # no update between the rollout and its first minibatch
+        batch = first["batch"]
+        with torch.no_grad():
+            values = agent.critic(rollout["obs"]).squeeze(-1)
+            # The value of what followed each step: the next observation, or the true final one where the episode
+            # ended (a termination ignores it below; a truncation bootstraps from it, never from the reset one).
+            next_values = agent.critic(torch.cat([rollout["obs"][1:], rollout["after"][None]])).squeeze(-1)
+            for (t, env), final in rollout["final_obs"].items():
+                next_values[t, env] = agent.critic(final).squeeze(-1)
+            log_probs = torch.log_softmax(agent.actor(rollout["obs"]), dim=-1)
+        terminations, truncations = rollout["terminations"], rollout["truncations"]
+        advantages = torch.tensor(
+            reference_gae(
+                rollout["rewards"].tolist(),
+                values.tolist(),
+                next_values.tolist(),
+                terminations.tolist(),
+                truncations.tolist(),
+                0.99,
+                0.95,
+            )
+        )
+        assert torch.equal(batch["obs"], rollout["obs"].reshape(-1, 3))
+        assert torch.equal(batch["actions"], rollout["actions"].reshape(-1))
+        close = dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batch["values"], values.reshape(-1), **close)
+        torch.testing.assert_close(batch["advantages"], advantages.float().reshape(-1), **close)
+        torch.testing.assert_close(batch["returns"], (advantages.float() + values).reshape(-1), **close)
+        taken = log_probs.gather(-1, rollout["actions"].unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(batch["logprobs"], taken.reshape(-1), **close)
+        truncated_only += int((truncations & ~terminations).sum())
+        terminated += int(terminations.sum())
+    assert truncated_only >= 3 and terminated >= 3, "the rollouts should hold both kinds of episode end"
+
+
+def reference_loss(agent: ppo.Agent, mb: dict, clip: float = 0.2, ent_coef: float = 0.01, vf_coef: float = 0.5):
+    """The clipped PPO objective (Schulman et al. 2017, eq. 7 and 9) with CleanRL's clipped value loss, written from
+    the definitions: (loss, fraction of ratios outside the clip range, fraction of values moved past the clip)."""
+    probs = torch.softmax(agent.actor(mb["obs"]), dim=-1)
+    new_log_prob = probs[torch.arange(len(probs)), mb["actions"]].log()
+    entropy = -(probs * probs.log()).sum(dim=-1)
+    new_value = agent.critic(mb["obs"]).squeeze(-1)
+    ratio = torch.exp(new_log_prob - mb["logprobs"])
+    advantages = (mb["advantages"] - mb["advantages"].mean()) / (mb["advantages"].std() + 1e-8)
+    surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip, 1 + clip) * advantages)
+    value_clipped = mb["values"] + torch.clamp(new_value - mb["values"], -clip, clip)
+    value_loss = 0.5 * torch.max((new_value - mb["returns"]) ** 2, (value_clipped - mb["returns"]) ** 2).mean()
+    loss = -surrogate.mean() - ent_coef * entropy.mean() + vf_coef * value_loss
+    moved = (new_value - mb["values"]).abs() > clip
+    return loss, ((ratio - 1).abs() > clip).float().mean().item(), moved.float().mean().item()
+
+
+def test_each_minibatch_is_drawn_from_the_rollout_and_its_loss_and_step_match_a_plain_reference(loop):
+    trace, cwd = loop
+    updates = trace.backward
+    assert len(updates) == ITERATIONS * 2 * 2  # iterations x epochs x minibatches
+    # The reference agent takes each captured agent's weights and steps with its own Adam (state carried along).
+    reference = ppo.Agent(3, 3)
+    optimizer = torch.optim.Adam(reference.parameters(), lr=LEARNING_RATE, eps=1e-5, foreach=False)
+    clipped_ratios = clipped_values = 0.0
+    for k, update in enumerate(updates):
+        assert update["where"] == "update_minibatch"
+        assert sorted(update["b_inds"].tolist()) == list(range(NUM_ENVS * NUM_STEPS))  # each epoch: a permutation
+        rows = update["b_inds"][update["start"] : update["start"] + MINIBATCH]
+        for field, value in update["mb"].items():
+            assert torch.equal(value, update["batch"][field][rows]), field
+        # Learning-rate annealing: linear from the full rate at the first iteration towards 0 after the last.
+        lr = LEARNING_RATE * (1 - (update["iteration"] - 1) / ITERATIONS)
+        assert update["optimizer"]["param_groups"][0]["lr"] == pytest.approx(lr, rel=1e-12)
+        reference.load_state_dict(update["agent"])
+        loss, ratio_clip, value_clip = reference_loss(reference, update["mb"])
+        assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-5, abs=1e-6), f"update {k}"
+        clipped_ratios, clipped_values = clipped_ratios + ratio_clip, clipped_values + value_clip
+        optimizer.param_groups[0]["lr"] = lr
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+        optimizer.step()
+        after = updates[k + 1]["agent"] if k + 1 < len(updates) else model_weights(run_dirs(cwd)[0])
+        for name, tensor in reference.state_dict().items():
+            torch.testing.assert_close(after[name], tensor, rtol=1e-5, atol=1e-6, msg=f"update {k}: {name}")
+    assert clipped_ratios > 0 and clipped_values > 0, "some updates should clip the ratio and the value"
+
+
 def test_capture_video_writes_mp4(workdir):
     result = run_script("ppo.py", *TINY, "--total-timesteps", "256", "--capture-video", cwd=workdir)
     assert result.returncode == 0, result.stderr
@@ -241,169 +407,3 @@ def test_learns_cartpole_clearly_better_than_random(workdir):
     assert result.returncode == 0, result.stderr
     returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
     assert np.mean(returns[-20:]) > 100, returns[-20:]
-
-
-# --- the loop's own wiring ---------------------------------------------------------------------------------------
-# ppo.py runs unchanged under tests/probe.py on ProbeWalk-v0 (tests/probe_envs.py: 8-step episodes that terminate or
-# are truncated, varied rewards, distinct observations). From what its loop saw, the tests rebuild the rollout, the
-# advantages (a plain loop), every minibatch's loss and optimiser step and the learning rate, and compare them with
-# what the loop stored and used. The same run is the smoke run (TensorBoard keys, the saved model's evaluation).
-
-NUM_ENVS, NUM_STEPS, ITERATIONS, MINIBATCH = 2, 16, 3, 16
-LEARNING_RATE = 0.01  # large enough that later minibatches clip both the ratio and the value
-LOOP_FLAGS = ["--env-id", "ProbeWalk-v0", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2"]
-LOOP_FLAGS += ["--update-epochs", "2", "--total-timesteps", "96", "--learning-rate", str(LEARNING_RATE)]
-LOOP_FLAGS += ["--save-model", "--eval-episodes", "2"]
-STEP_NAMES = ["next_obs", "action", "reward", "terminated", "truncated", "infos", "iteration"]
-BACKWARD_NAMES = ["mb", "agent", "optimizer", "batch", "b_inds", "start", "iteration"]
-
-
-@pytest.fixture(scope="module")
-def loop(tmp_path_factory):
-    from probe import probe_script
-
-    cwd = tmp_path_factory.mktemp("loop")
-    names = dict(watch=STEP_NAMES, at_backward=BACKWARD_NAMES, final=["next_obs", "action", "reward", "infos"])
-    trace = probe_script("ppo.py", LOOP_FLAGS, cwd, **names, preload=["probe_envs"])
-    return trace, cwd
-
-
-def test_smoke_writes_finite_scalars_and_evaluates_saved_model(loop):
-    trace, cwd = loop
-    (run_dir,) = run_dirs(cwd)
-    scalars = read_scalars(run_dir)
-    assert_finite_keys(scalars, PPO_KEYS + ["eval/episodic_return"])
-    assert len(scalars["eval/episodic_return"]) == 2
-    assert (run_dir / "ppo.cleanrl_model").is_file() and (run_dir / "args.json").is_file()
-    assert "96/96 steps" in trace.stdout  # the progress display's final line
-
-
-def rollouts(trace) -> list[dict]:
-    """Per iteration, the env stream as the loop met it: the observations acted on, the actions, what the env
-    returned, the true final observations of the episodes that ended, and the observation after the rollout."""
-    from probe_envs import probe_walk_ends
-
-    acted = [entry for entry in trace.steps if entry["step"] > 0]  # seen as each step begins: the obs to act on
-    returned = acted[1:] + [trace.final]  # what a step returned: seen as the next one begins, the last one at exit
-    assert [entry["step"] for entry in acted] == list(range(NUM_ENVS, NUM_ENVS * NUM_STEPS * ITERATIONS + 1, NUM_ENVS))
-    result = []
-    for i in range(ITERATIONS):
-        steps = range(i * NUM_STEPS, (i + 1) * NUM_STEPS)
-        final_obs = {}
-        ends = np.zeros((NUM_STEPS, NUM_ENVS, 2), dtype=bool)  # terminated, truncated
-        for t, k in enumerate(steps):
-            for env in np.flatnonzero(returned[k]["infos"].get("_final_obs", [])):
-                final_obs[t, env] = torch.as_tensor(returned[k]["infos"]["final_obs"][env])
-                # A rollout's last step is seen after the loop has reused the names `terminated` and `truncated`:
-                # the flags of every step are read from its final observation (ProbeWalk's position and step count).
-                ends[t, env] = probe_walk_ends(final_obs[t, env])
-            if t < NUM_STEPS - 1:
-                assert ends[t, :, 0].tolist() == returned[k]["terminated"].tolist()
-                assert ends[t, :, 1].tolist() == returned[k]["truncated"].tolist()
-        result.append(
-            dict(
-                obs=torch.stack([acted[k]["next_obs"] for k in steps]),
-                actions=torch.stack([returned[k]["action"] for k in steps]),
-                rewards=np.stack([returned[k]["reward"] for k in steps]),
-                terminations=ends[..., 0],
-                truncations=ends[..., 1],
-                final_obs=final_obs,
-                after=returned[steps[-1]]["next_obs"],
-            )
-        )
-    return result
-
-
-def agent_from(state: dict) -> ppo.Agent:
-    agent = ppo.Agent(3, 3)
-    agent.load_state_dict(state)
-    return agent
-
-
-def test_each_rollout_is_the_env_stream_with_advantages_from_a_plain_gae_loop(loop):
-    trace, _ = loop
-    truncated_only = terminated = 0
-    for i, rollout in enumerate(rollouts(trace), start=1):
-        first = next(entry for entry in trace.backward if entry["iteration"] == i)
-        agent = agent_from(first["agent"])  # no update between the rollout and its first minibatch
-        batch = first["batch"]
-        with torch.no_grad():
-            values = agent.critic(rollout["obs"]).squeeze(-1)
-            # The value of what followed each step: the next observation, or the true final one where the episode
-            # ended (a termination ignores it below; a truncation bootstraps from it, never from the reset one).
-            next_values = agent.critic(torch.cat([rollout["obs"][1:], rollout["after"][None]])).squeeze(-1)
-            for (t, env), final in rollout["final_obs"].items():
-                next_values[t, env] = agent.critic(final).squeeze(-1)
-            log_probs = torch.log_softmax(agent.actor(rollout["obs"]), dim=-1)
-        terminations, truncations = rollout["terminations"], rollout["truncations"]
-        advantages = torch.tensor(
-            reference_gae(
-                rollout["rewards"].tolist(),
-                values.tolist(),
-                next_values.tolist(),
-                terminations.tolist(),
-                truncations.tolist(),
-                0.99,
-                0.95,
-            )
-        )
-        assert torch.equal(batch["obs"], rollout["obs"].reshape(-1, 3))
-        assert torch.equal(batch["actions"], rollout["actions"].reshape(-1))
-        close = dict(rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(batch["values"], values.reshape(-1), **close)
-        torch.testing.assert_close(batch["advantages"], advantages.float().reshape(-1), **close)
-        torch.testing.assert_close(batch["returns"], (advantages.float() + values).reshape(-1), **close)
-        taken = log_probs.gather(-1, rollout["actions"].unsqueeze(-1)).squeeze(-1)
-        torch.testing.assert_close(batch["logprobs"], taken.reshape(-1), **close)
-        truncated_only += int((truncations & ~terminations).sum())
-        terminated += int(terminations.sum())
-    assert truncated_only >= 3 and terminated >= 3, "the rollouts should hold both kinds of episode end"
-
-
-def reference_loss(agent: ppo.Agent, mb: dict, clip: float = 0.2, ent_coef: float = 0.01, vf_coef: float = 0.5):
-    """The clipped PPO objective (Schulman et al. 2017, eq. 7 and 9) with CleanRL's clipped value loss, written from
-    the definitions: (loss, fraction of ratios outside the clip range, fraction of values moved past the clip)."""
-    probs = torch.softmax(agent.actor(mb["obs"]), dim=-1)
-    new_log_prob = probs[torch.arange(len(probs)), mb["actions"]].log()
-    entropy = -(probs * probs.log()).sum(dim=-1)
-    new_value = agent.critic(mb["obs"]).squeeze(-1)
-    ratio = torch.exp(new_log_prob - mb["logprobs"])
-    advantages = (mb["advantages"] - mb["advantages"].mean()) / (mb["advantages"].std() + 1e-8)
-    surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip, 1 + clip) * advantages)
-    value_clipped = mb["values"] + torch.clamp(new_value - mb["values"], -clip, clip)
-    value_loss = 0.5 * torch.max((new_value - mb["returns"]) ** 2, (value_clipped - mb["returns"]) ** 2).mean()
-    loss = -surrogate.mean() - ent_coef * entropy.mean() + vf_coef * value_loss
-    moved = (new_value - mb["values"]).abs() > clip
-    return loss, ((ratio - 1).abs() > clip).float().mean().item(), moved.float().mean().item()
-
-
-def test_each_minibatch_is_drawn_from_the_rollout_and_its_loss_and_step_match_a_plain_reference(loop):
-    trace, cwd = loop
-    updates = trace.backward
-    assert len(updates) == ITERATIONS * 2 * 2  # iterations x epochs x minibatches
-    # The reference agent takes each captured agent's weights and steps with its own Adam (state carried along).
-    reference = ppo.Agent(3, 3)
-    optimizer = torch.optim.Adam(reference.parameters(), lr=LEARNING_RATE, eps=1e-5, foreach=False)
-    clipped_ratios = clipped_values = 0.0
-    for k, update in enumerate(updates):
-        assert update["where"] == "update_minibatch"
-        assert sorted(update["b_inds"].tolist()) == list(range(NUM_ENVS * NUM_STEPS))  # each epoch: a permutation
-        rows = update["b_inds"][update["start"] : update["start"] + MINIBATCH]
-        for field, value in update["mb"].items():
-            assert torch.equal(value, update["batch"][field][rows]), field
-        # Learning-rate annealing: linear from the full rate at the first iteration towards 0 after the last.
-        lr = LEARNING_RATE * (1 - (update["iteration"] - 1) / ITERATIONS)
-        assert update["optimizer"]["param_groups"][0]["lr"] == pytest.approx(lr, rel=1e-12)
-        reference.load_state_dict(update["agent"])
-        loss, ratio_clip, value_clip = reference_loss(reference, update["mb"])
-        assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-5, abs=1e-6), f"update {k}"
-        clipped_ratios, clipped_values = clipped_ratios + ratio_clip, clipped_values + value_clip
-        optimizer.param_groups[0]["lr"] = lr
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
-        optimizer.step()
-        after = updates[k + 1]["agent"] if k + 1 < len(updates) else model_weights(run_dirs(cwd)[0])
-        for name, tensor in reference.state_dict().items():
-            torch.testing.assert_close(after[name], tensor, rtol=1e-5, atol=1e-6, msg=f"update {k}: {name}")
-    assert clipped_ratios > 0 and clipped_values > 0, "some updates should clip the ratio and the value"
