@@ -2,16 +2,28 @@
 preprocessing) and MinAtar (Young & Tian 2019, 10x10 games that learn on a CPU).
 
 Both give uint8 observations [num_envs, C, H, W] (ALE: 4 stacked 84x84 grayscale frames, oldest first, zeros
-before a game's first frame; MinAtar: its C boolean channels) and NEXT_STEP autoreset: the step after a game ends
-ignores its action and returns the first observation of the next game. What the scripts see is the whole game:
-rewards are raw (unclipped), terminations and truncations end a game (all lives), and `infos["episode"]` is the
-true game score (gymnasium's RecordEpisodeStatistics). `infos["life_loss"]` marks steps that lost a life, for the
-scripts that end their training episodes there; clipping rewards is the scripts' business too.
+before a fresh stack's first frame; MinAtar: its C boolean channels) and NEXT_STEP autoreset: the step after an
+episode ends ignores its action and returns the first observation of the next one. Rewards are raw (unclipped):
+clipping is the scripts' business. `infos["episode"]` is the true score of a whole game (all lives; gymnasium's
+RecordEpisodeStatistics, on the game) and `infos["life_loss"]` marks the steps that lost a life.
+
+A lost life ends a training episode, as in CleanRL (its EpisodicLifeEnv and FireResetEnv, envpool's
+`episodic_life=True`): the step that loses a life while the game goes on returns `terminated=True`, and the next step
+is an autoreset step like a new game's first (its action ignored, no transition for the scripts, which already treat
+the step after any `terminated | truncated` so): it presses FIRE (NOOP in games without FIRE), which serves the ball
+again in Breakout, and its observation starts a fresh frame stack, zeros before its frame. Without it a policy that
+never picks FIRE stalls a Breakout game until the 108,000-frame cap. Where CleanRL differs: its reset after a lost life
+hides a NOOP, a FIRE and one more step from the agent (not counted as steps) and refills the stack with copies of one
+frame; here the one FIRE step is a visible, counted step and the stack starts with zeros. `make_envs(...,
+episodic_life=False)` turns it off (Machado et al. 2018's protocol: the game goes on after a lost life, FIRE is
+pressed only when a game starts; the scripts end their training episodes at `infos["life_loss"]` unless that is taken
+out of their terminations too).
 
 ALE preprocessing: 30 no-ops, frame skip 4 with a max-pool over the last two frames, 84x84 grayscale, 4 stacked
 frames, FIRE on reset, games cut at 108,000 frames. `BreakoutNoFrameskip-v4` ids have no sticky actions,
 `ALE/Breakout-v5` ids 0.25. The C++ env's own `episodic_life=True` restarts the whole game at every life loss
-(5 one-life games in Breakout), so life losses are read from `lives` here instead.
+(5 one-life games in Breakout), so life losses are read from `lives` here instead, and its stack (which cannot be
+restarted) has the frames before a life's first one zeroed here.
 """
 
 from __future__ import annotations
@@ -148,6 +160,56 @@ class LifeLoss(gym.vector.VectorWrapper):
         return obs, rewards, terminations, truncations, infos
 
 
+class StackStarts:
+    """Restarts frame stacks: in the first observations after an env's stack (re)starts, the frames older than that
+    start are zeroed, so that a fresh stack reads as zeros before its first frame whatever the simulator still holds
+    there (the lost life's frames in ale-py's C++ stack, copies of the first frame in envpool's)."""
+
+    def __init__(self, num_envs: int, stack_num: int):
+        self.stack_num = stack_num
+        self.held = np.full(num_envs, stack_num)  # frames held since each env's stack started, up to stack_num
+
+    def zero_older(self, obs: np.ndarray, started: np.ndarray) -> np.ndarray:
+        """`obs` [num_envs, stack_num, ...] with the frames from before each env's start zeroed in place; `started`
+        marks the envs whose newest frame is the first of a fresh stack."""
+        self.held = np.where(started, 1, np.minimum(self.held + 1, self.stack_num))
+        older = np.arange(self.stack_num) < (self.stack_num - self.held)[:, None]  # [num_envs, stack_num]
+        if older.any():
+            obs[older] = 0
+        return obs
+
+
+def fire_action(action_set: list) -> int:
+    """The index of FIRE in a game's action set, or of NOOP (0) in games without FIRE."""
+    from ale_py import Action
+
+    return list(action_set).index(Action.FIRE) if Action.FIRE in action_set else 0
+
+
+class EpisodicLife(gym.vector.VectorWrapper):
+    """A lost life ends a training episode (the module docstring): a step that loses a life while the game goes on
+    returns terminated=True; the next step presses `fire` whatever the action, and its observation starts a fresh
+    frame stack. Rewards, lives and the game's `infos["episode"]` (recorded inside this wrapper) pass through."""
+
+    def __init__(self, env: gym.vector.VectorEnv, fire: int):
+        super().__init__(env)
+        self.fire = fire
+        self.stacks = StackStarts(self.num_envs, self.single_observation_space.shape[0])
+        self.serve = np.zeros(self.num_envs, dtype=bool)  # envs whose next step serves a new life
+
+    def reset(self, **kwargs):
+        obs, infos = self.env.reset(**kwargs)
+        self.serve[:] = False
+        return self.stacks.zero_older(obs, np.ones(self.num_envs, dtype=bool)), infos
+
+    def step(self, actions):
+        serve = self.serve
+        obs, rewards, terminations, truncations, infos = self.env.step(np.where(serve, self.fire, actions))
+        obs = self.stacks.zero_older(obs, serve)
+        self.serve = infos["life_loss"] & ~(terminations | truncations)  # the game goes on: serve the next life
+        return obs, rewards, terminations | infos["life_loss"], truncations, infos
+
+
 class RecordGameVideos(gym.vector.VectorWrapper):
     """Writes the first environment's games as mp4 files on gymnasium's capped cubic schedule (games 0, 1, 8, 27 ...,
     then every 1000th), from the observations themselves: the ALE vector env does not render."""
@@ -197,6 +259,17 @@ class RecordGameVideos(gym.vector.VectorWrapper):
         return super().close()
 
 
+def wrap_games(envs, capture_video: bool, video_dir: Path | None, minatar: bool, fire: int | None):
+    """The wrappers of every pixel vector env, inside out: life losses, whole-game statistics, videos of whole games,
+    and (`fire` not None) a lost life as the end of a training episode, served with action `fire`."""
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(LifeLoss(envs))
+    if capture_video:
+        envs = RecordGameVideos(envs, video_dir, minatar)
+    if fire is not None:
+        envs = EpisodicLife(envs, fire)
+    return envs
+
+
 def make_envs(
     env_id: str,
     num_envs: int,
@@ -204,10 +277,13 @@ def make_envs(
     video_dir: Path | None = None,
     num_threads: int = 0,
     stack_num: int = 4,
+    episodic_life: bool = True,
 ) -> gym.vector.VectorEnv:
     """`num_envs` copies of `env_id` (checked with `check_env_id` first) as described above; seed them with
     `envs.reset(seed=...)`. `num_threads` (ALE only): C++ worker threads, 0 for one per core up to num_envs.
-    `stack_num` (ALE only): frames stacked per observation (1 for a recurrent agent that sees one frame at a time)."""
+    `stack_num` (ALE only): frames stacked per observation (1 for a recurrent agent that sees one frame at a time).
+    `episodic_life` (ALE only; MinAtar has no lives): a lost life ends a training episode and FIRE serves the next
+    one; False lets the game go on with FIRE pressed only at a game's start."""
     register_envs()
     if is_minatar(env_id):
         envs = gym.vector.SyncVectorEnv(
@@ -232,7 +308,5 @@ def make_envs(
             episodic_life=False,
             autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
         )
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(LifeLoss(envs))
-    if capture_video:
-        envs = RecordGameVideos(envs, video_dir, is_minatar(env_id))
-    return envs
+    fire = fire_action(envs.ale.get_action_set()) if episodic_life and not is_minatar(env_id) else None
+    return wrap_games(envs, capture_video, video_dir, is_minatar(env_id), fire)

@@ -1,17 +1,19 @@
-"""Atari through envpool (Weng et al. 2022, C++ thread pool) as one gymnasium vector env, with the interface of
-cleanrl_utils/envs/atari.py: uint8 observations [num_envs, 4, 84, 84] (4 stacked grayscale frames, oldest first),
-NEXT_STEP autoreset (the step after a game ends ignores its action, returns reward 0 and the first observation of
-the next game), raw rewards, terminations and truncations that end a whole game (all lives), `infos["episode"]` the
-true game score (gymnasium's RecordEpisodeStatistics) and `infos["life_loss"]` the steps that lost a life.
+"""Atari through envpool (Weng et al. 2022, C++ thread pool) as one gymnasium vector env, with the interface and the
+semantics of cleanrl_utils/envs/atari.py (read its docstring): uint8 observations [num_envs, 4, 84, 84] (4 stacked
+grayscale frames, oldest first, zeros before a fresh stack's first frame), NEXT_STEP autoreset, raw rewards,
+`infos["episode"]` the true score of a whole game (gymnasium's RecordEpisodeStatistics) and `infos["life_loss"]` the
+steps that lost a life; a lost life ends a training episode (`terminated=True`) and the next step presses FIRE and
+starts a fresh frame stack (`make_envs(..., episodic_life=False)` turns that off), by the same wrapper as ale-py's.
 
 envpool ids are `Breakout-v5`, `MontezumaRevenge-v5` ... Preprocessing is envpool's default: 30 no-ops, frame skip 4
 with a max-pool over the last two frames, 84x84 grayscale, FIRE on reset, games cut at 27,000 steps (108,000 frames).
 Sticky actions: envpool's v5 default repeat_action_probability is 0 (unlike ale-py's ALE/...-v5 ids, 0.25); pass
-`repeat_action_probability` to change it. envpool's own `episodic_life=True` (measured, envpool 1.2.5) does not restart
-the game at a life loss: it reports `terminated=True` there, spends the next step as an autoreset step (action
-ignored, reward 0, the frame stack refilled) and marks the real game over in `info["terminated"]`. That would put one
-ignored step per life into every rollout, so it is off here and life losses are read from `lives`; reward clipping is
-off too (the scripts clip what learning sees). envpool cannot be pickled: checkpoints resume with fresh games.
+`repeat_action_probability` to change it. envpool refills its stack with copies of a new game's first frame; here the
+frames before it are zeroed instead, as ale-py does, so that both paths start a stack alike (CleanRL's envpool scripts
+see the copies). envpool's own `episodic_life=True` (envpool 1.2.5) is not used: after a lost life it runs up to 30
+random no-ops before FIRE and keeps the lost life's frames in the stack, and it hides the game's end in
+`info["terminated"]`; reward clipping is off too (the scripts clip what learning sees). envpool cannot be pickled:
+checkpoints resume with fresh games.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from cleanrl_utils.envs.atari import CONTINUOUS_SCRIPTS, LifeLoss, RecordGameVideos
+from cleanrl_utils.envs.atari import CONTINUOUS_SCRIPTS, StackStarts, fire_action, wrap_games
 from cleanrl_utils.errors import fail, nearest_ids
 
 INFO_KEYS = ("lives", "reward", "terminated", "elapsed_step")  # envpool's info, less the RAM and player ids
@@ -64,9 +66,21 @@ def check_env_id(env_id: str, ale_hint: str, flat_script: str) -> None:
     fail(f"unknown envpool Atari id {env_id!r}{hint}")
 
 
+def minimal_action_set(env_id: str) -> list:
+    """The game's actions as envpool orders them (ALE's minimal action set), read from ale-py's copy of the ROM."""
+    import ale_py
+    import envpool
+
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner
+    ale = ale_py.ALEInterface()
+    ale.loadROM(ale_py.roms.get_rom_path(envpool.make_spec(env_id).config.task))
+    return ale.getMinimalActionSet()
+
+
 class EnvpoolAtari(gym.vector.VectorEnv):
     """envpool's synchronous Atari pool as a gymnasium VectorEnv. The pool is made at `reset(seed=...)`, since envpool
-    takes its seed at construction; results come back in env order."""
+    takes its seed at construction; results come back in env order, a new game's stack with zeros before its first
+    frame."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
 
@@ -80,6 +94,8 @@ class EnvpoolAtari(gym.vector.VectorEnv):
         self.single_action_space = gym.spaces.Discrete(int(spec.action_space.n))
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.stacks = StackStarts(num_envs, spec.observation_space.shape[0])
+        self.ended = np.zeros(num_envs, dtype=bool)  # envs whose next step starts a new game
 
     def _infos(self, info: dict) -> tuple[np.ndarray | None, dict]:
         order = np.argsort(info["env_id"], kind="stable")
@@ -99,13 +115,16 @@ class EnvpoolAtari(gym.vector.VectorEnv):
             )
         obs, info = self.pool.reset()
         order, infos = self._infos(info)
-        return (obs if order is None else obs[order]), infos
+        self.ended[:] = False
+        return self.stacks.zero_older(obs if order is None else obs[order], np.ones(self.num_envs, bool)), infos
 
     def step(self, actions):
         obs, rewards, terminations, truncations, info = self.pool.step(np.asarray(actions, dtype=np.int32))
         order, infos = self._infos(info)
         if order is not None:
             obs, rewards, terminations, truncations = (x[order] for x in (obs, rewards, terminations, truncations))
+        obs = self.stacks.zero_older(obs, self.ended)
+        self.ended = terminations | truncations
         return obs, rewards.astype(np.float32), terminations, truncations, infos
 
     def close_extras(self, **kwargs):
@@ -124,11 +143,11 @@ def make_envs(
     video_dir: Path | None = None,
     num_threads: int = 0,
     repeat_action_probability: float = 0.0,
+    episodic_life: bool = True,
 ) -> gym.vector.VectorEnv:
     """`num_envs` copies of the envpool Atari game `env_id` as described above; seed them with
-    `envs.reset(seed=...)`. `num_threads`: envpool worker threads, 0 for envpool's choice."""
+    `envs.reset(seed=...)`. `num_threads`: envpool worker threads, 0 for envpool's choice. `episodic_life`: a lost
+    life ends a training episode and FIRE serves the next one (False: the game goes on)."""
     envs = EnvpoolAtari(env_id, num_envs, num_threads, repeat_action_probability=repeat_action_probability)
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(LifeLoss(envs))
-    if capture_video:
-        envs = RecordGameVideos(envs, video_dir, minatar=False)
-    return envs
+    fire = fire_action(minimal_action_set(env_id)) if episodic_life else None
+    return wrap_games(envs, capture_video, video_dir, False, fire)
