@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ppo_procgen.py on Procgen StarpilotEasy, BigfishEasy and BossfightEasy, 25M steps (CleanRL's settings: 64 envs x 256
-# steps, 8 minibatches x 3 epochs, IMPALA CNN, lr 5e-4 annealed, gamma 0.999), seeds 1-3, one run at a time on a GPU.
+# steps, 8 minibatches x 3 epochs, IMPALA CNN, lr 5e-4 constant, gamma 0.999), seeds 1-3, one run at a time on a GPU.
 # Results: benchmark/results/ppo_procgen.md and ppo_procgen.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."

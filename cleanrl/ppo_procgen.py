@@ -3,10 +3,10 @@
 Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (https://arxiv.org/abs/1707.06347), on the Procgen
 benchmark of Cobbe et al. 2020 (https://arxiv.org/abs/1912.01588) with the IMPALA CNN of Espeholt et al. 2018 (three
 conv sequences of 16, 32, 32 channels, each a 3x3 conv, a max-pool and two residual blocks, then 256 units) shared by
-actor and critic. CleanRL's settings: 64 envs x 256 steps, 8 minibatches x 3 epochs, lr 5e-4 annealed, gamma 0.999,
-GAE 0.95, clip 0.2; rewards scaled by the running std of the discounted return and clipped to [-10, 10] (gymnasium's
-NormalizeReward; its statistics are saved with checkpoints and the model), while charts/episodic_return is the raw
-episode score.
+actor and critic. CleanRL's settings: 64 envs x 256 steps, 8 minibatches x 3 epochs, a constant lr 5e-4 (as in
+CleanRL and the Procgen paper; --anneal-lr decays it linearly to 0), gamma 0.999, GAE 0.95, clip 0.2; rewards scaled
+by the running std of the discounted return and clipped to [-10, 10] (gymnasium's NormalizeReward; its statistics are
+saved with checkpoints and the model), while charts/episodic_return is the raw episode score.
 
 Action space: Discrete(15). Environments: envpool's Procgen games (StarpilotEasy-v0, BigfishEasy-v0, BossfightHard-v0
 ...), full level distribution by default (--num-levels 0). Autoreset is NEXT_STEP: the step after an episode ends (its
@@ -75,8 +75,8 @@ class Args:
     """the number of parallel game environments"""
     num_steps: int = 256
     """the number of steps to run in each environment per policy rollout"""
-    anneal_lr: bool = True
-    """toggle learning rate annealing for policy and value networks"""
+    anneal_lr: bool = False
+    """toggle learning rate annealing (linear to 0) for policy and value networks"""
     gamma: float = 0.999
     """the discount factor gamma"""
     gae_lambda: float = 0.95
@@ -360,10 +360,12 @@ if __name__ == "__main__":
 
             # 2. Advantages. Under NEXT_STEP autoreset the observation after an episode's last step is its true final
             # one (the autoreset step acts on it), so values[t + 1] bootstraps a truncation as it should.
-            rewards, terminated, truncated, reset_steps = storage.on_device()
+            rewards, terminations, truncations, reset_steps = storage.on_device()
             next_values = torch.cat([storage.values[1:], agent.get_value(next_obs).unsqueeze(0)])
             values = storage.values
-            advantages = compute_gae(rewards, values, next_values, terminated, truncated, args.gamma, args.gae_lambda)
+            advantages = compute_gae(
+                rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
+            )
             returns = advantages + values
 
             b_obs = storage.obs.reshape((-1,) + tuple(obs_shape))

@@ -1,5 +1,5 @@
 """ppo_procgen.py: GAE over a NEXT_STEP-autoreset rollout against a plain loop, the IMPALA CNN's shapes, the reward
-scaler's statistics, a smoke run on StarpilotEasy-v0, SIGKILL + resume, bad input."""
+scaler's statistics, the loop's own wiring (its run is also the smoke test), SIGKILL + resume, bad input."""
 
 from __future__ import annotations
 
@@ -123,19 +123,6 @@ def test_bad_input_fails_in_one_line(workdir, flags, fragments):
     assert_bad_input(run_script("ppo_procgen.py", *flags, cwd=workdir), workdir, *fragments)
 
 
-def test_starpilot_smoke_writes_finite_scalars_and_evaluates_saved_model(workdir):
-    flags = [*TINY, "--num-envs", "4", "--total-timesteps", "256", "--save-model", "--eval-episodes", "2"]
-    result = run_script("ppo_procgen.py", *flags, "--capture-video", cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    (run_dir,) = run_dirs(workdir)
-    scalars = read_scalars(run_dir)
-    assert_finite_keys(scalars, PPO_KEYS + ["eval/episodic_return"])
-    assert len(scalars["losses/value_loss"]) == 2 and len(scalars["eval/episodic_return"]) == 2
-    assert list((run_dir / "videos").rglob("*.mp4"))
-    model = torch.load(run_dir / "ppo_procgen.cleanrl_model", weights_only=False)
-    assert model["script"] == "ppo_procgen" and model["reward_scaler"]["count"] > 1
-
-
 def test_sigkill_then_resume_continues_the_curve_with_fresh_episodes(tmp_path):
     flags = [*TINY, "--num-steps", "16", "--total-timesteps", "256", "--checkpoint-every", "64"]
     (tmp_path / "straight").mkdir()
@@ -155,3 +142,221 @@ def test_sigkill_then_resume_continues_the_curve_with_fresh_episodes(tmp_path):
         # Up to the checkpoint the runs are the same run (seeded envpool, the CPU); afterwards the episodes differ.
         assert resumed_scalars[key][:2] == straight_scalars[key][:2], key
         assert resumed_scalars[key][2:] != straight_scalars[key][2:], key
+
+
+# The loop's own wiring: the script runs unchanged under tests/probe.py, which copies what the env returned at every
+# step and, at every backward(), the rollout storage, the network and the minibatch; the tests rebuild the scaled
+# rewards, the advantages and every loss from those copies. The same run is the smoke test (TensorBoard keys, a video,
+# the saved model and its evaluation). 8 envs x 32 steps, 2 iterations of 2 epochs x 2 minibatches.
+PROBE_FLAGS = ["--num-envs", "8", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
+PROBE_FLAGS += ["--total-timesteps", "512", "--save-model", "--eval-episodes", "2", "--capture-video"]
+STREAM_NAMES = ["action", "reward", "terminated", "truncated", "next_obs_np"]
+UPDATE_NAMES = ["storage", "agent", "next_obs", "iteration", "epoch", "mb_inds", "b_advantages", "b_returns"]
+GAMMA, GAE_LAMBDA, NUM_ENVS, NUM_STEPS = 0.999, 0.95, 8, 32
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    from probe import probe_script
+
+    torch.set_num_threads(1)  # as the script runs (--torch-threads 1): more threads on a busy CPU are far slower
+    cwd = tmp_path_factory.mktemp("probe")
+    trace = probe_script(
+        "ppo_procgen.py", PROBE_FLAGS, cwd, watch=STREAM_NAMES, at_backward=UPDATE_NAMES, final=STREAM_NAMES
+    )
+    return trace, cwd
+
+
+def env_stream(trace) -> list[dict]:
+    """Per env step: the observation acted on, the action, and what the env returned. The watch sees each step's
+    results at the next step (the script counts its steps at the top of the loop body); the last one at exit."""
+    entries = [entry for entry in trace.steps if entry["step"] > 0]
+    stream = []
+    for entry in entries[1:] + [trace.final]:
+        stream.append(
+            dict(
+                obs=None,
+                action=entry["action"].numpy(),
+                reward=entry["reward"],
+                terminated=entry["terminated"],
+                truncated=entry["truncated"],
+                next_obs=entry["next_obs_np"],
+            )
+        )
+    stream[0]["obs"] = entries[0]["next_obs_np"]  # the first reset's observation
+    for previous, step in zip(stream, stream[1:]):
+        step["obs"] = previous["next_obs"]
+    for k, step in enumerate(stream):
+        step["reset"] = (
+            np.zeros_like(step["terminated"]) if k == 0 else stream[k - 1]["terminated"] | stream[k - 1]["truncated"]
+        )
+    return stream
+
+
+def reference_scaled_rewards(stream, gamma) -> list[np.ndarray]:
+    """gymnasium's NormalizeReward written out: each env's discounted return (restarted after an episode's end); the
+    mean and variance of all returns of real transitions so far, pooled with a prior of mean 0, variance 1 and weight
+    1e-4; each reward divided by sqrt(variance + 1e-8), clipped to [-10, 10]. Autoreset steps feed no statistics."""
+    returns, seen, scaled = np.zeros(len(stream[0]["reward"])), [], []
+    for step in stream:
+        returns = returns * gamma + step["reward"]
+        seen += returns[~step["reset"]].tolist()
+        data = np.array(seen)
+        n, total = len(data), 1e-4 + len(data)
+        var = (1e-4 + n * data.var() + data.mean() ** 2 * 1e-4 * n / total) / total if n else 1.0
+        scaled.append(np.clip(step["reward"] / np.sqrt(var + 1e-8), -10, 10))
+        returns[step["terminated"] | step["truncated"]] = 0.0
+    return scaled
+
+
+def first_update_of_each_iteration(trace) -> list[dict]:
+    return [next(u for u in trace.backward if u["iteration"] == i) for i in (1, 2)]
+
+
+def network(state: dict) -> ppo_procgen.Agent:
+    agent = ppo_procgen.Agent((3, 64, 64), 15)
+    agent.load_state_dict(state)
+    return agent
+
+
+def policy_and_value(agent, obs: torch.Tensor) -> tuple[torch.distributions.Categorical, torch.Tensor]:
+    """The agent's policy and value of uint8 frames, written out (no channels-last layout, no Gumbel trick)."""
+    hidden = agent.network(obs.float() / 255.0)
+    return torch.distributions.Categorical(logits=agent.actor(hidden)), agent.critic(hidden).squeeze(-1)
+
+
+@pytest.fixture(scope="module")
+def references(probed) -> list[dict]:
+    return rollout_reference(probed[0])
+
+
+def rollout_reference(trace) -> list[dict]:
+    """Per iteration, from the env stream and the network that acted (a copy taken at the iteration's first update,
+    before any gradient step): scaled rewards, values, advantages by a plain loop, and the transitions."""
+    stream = env_stream(trace)
+    scaled = reference_scaled_rewards(stream, GAMMA)
+    out = []
+    for i, update in enumerate(first_update_of_each_iteration(trace)):
+        rows = stream[i * NUM_STEPS : (i + 1) * NUM_STEPS]
+        agent = network(update["agent"])
+        with torch.no_grad():
+            obs = torch.from_numpy(np.stack([row["obs"] for row in rows]))
+            policy, values = policy_and_value(agent, obs.flatten(0, 1))
+            _, last_value = policy_and_value(agent, torch.from_numpy(rows[-1]["next_obs"]))
+        actions = torch.from_numpy(np.stack([row["action"] for row in rows]).reshape(-1))
+        log_probs = policy.log_prob(actions).view(NUM_STEPS, NUM_ENVS)
+        values = values.view(NUM_STEPS, NUM_ENVS).double().numpy()
+        rewards = np.stack(scaled[i * NUM_STEPS : (i + 1) * NUM_STEPS])
+        advantages = np.full((NUM_STEPS, NUM_ENVS), np.nan)
+        for env in range(NUM_ENVS):
+            env_rows = [
+                (
+                    values[t, env],
+                    rewards[t, env],
+                    rows[t]["terminated"][env],
+                    rows[t]["truncated"][env],
+                    rows[t]["reset"][env],
+                )
+                for t in range(NUM_STEPS)
+            ]
+            env_rows.append((last_value[env].item(), 0.0, False, False, False))
+            for t, advantage in enumerate(reference_advantages(env_rows, GAMMA, GAE_LAMBDA)[:NUM_STEPS]):
+                if advantage is not None:
+                    advantages[t, env] = advantage
+        resets = np.stack([row["reset"] for row in rows])
+        out.append(
+            dict(
+                rows=rows,
+                rewards=rewards,
+                log_probs=log_probs,
+                values=values,
+                advantages=advantages,
+                transitions=np.flatnonzero(~resets.reshape(-1)),
+            )
+        )
+    return out
+
+
+def test_the_rollout_stores_the_stream_with_rewards_scaled_as_learning_sees_them(probed):
+    trace, _ = probed
+    stream = env_stream(trace)
+    assert len(stream) == 2 * NUM_STEPS
+    scaled = reference_scaled_rewards(stream, GAMMA)
+    rewards_seen = ends_seen = resets_seen = 0
+    for i, update in enumerate(first_update_of_each_iteration(trace)):
+        storage = update["storage"]
+        for t in range(NUM_STEPS):
+            step = stream[i * NUM_STEPS + t]
+            assert np.array_equal(storage["obs"][t].numpy(), step["obs"]), (i, t)
+            assert storage["actions"][t].tolist() == step["action"].tolist(), (i, t)
+            assert storage["terminations"][t].tolist() == step["terminated"].astype(float).tolist(), (i, t)
+            assert storage["truncations"][t].tolist() == step["truncated"].astype(float).tolist(), (i, t)
+            assert storage["resets"][t].tolist() == step["reset"].tolist(), (i, t)  # the autoreset steps
+            np.testing.assert_allclose(storage["rewards"][t], scaled[i * NUM_STEPS + t], rtol=1e-5, err_msg=f"{i} {t}")
+            rewards_seen += int((step["reward"] != 0).sum())
+            ends_seen += int((step["terminated"] | step["truncated"]).sum())
+            resets_seen += int(step["reset"].sum())
+    # enough happened for the test to mean something: rewards to scale, episodes ending, autoreset steps stored
+    assert rewards_seen >= 4 and ends_seen >= 2 and resets_seen >= 1, (rewards_seen, ends_seen, resets_seen)
+
+
+def test_stored_log_probs_and_values_are_the_acting_networks(probed, references):
+    trace, _ = probed
+    for update, reference in zip(first_update_of_each_iteration(trace), references):
+        storage = update["storage"]
+        torch.testing.assert_close(storage["logprobs"], reference["log_probs"], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(storage["values"].numpy(), reference["values"], atol=1e-5, rtol=1e-5)
+
+
+def test_advantages_and_returns_the_update_used_match_a_plain_gae_over_the_stream(probed, references):
+    trace, _ = probed
+    for i, reference in enumerate(references):
+        keep = reference["transitions"]
+        for update in (u for u in trace.backward if u["iteration"] == i + 1):
+            np.testing.assert_allclose(
+                update["b_advantages"].numpy()[keep], reference["advantages"].reshape(-1)[keep], atol=2e-4, rtol=1e-4
+            )
+            returns = (reference["advantages"] + reference["values"]).reshape(-1)[keep]
+            np.testing.assert_allclose(update["b_returns"].numpy()[keep], returns, atol=2e-4, rtol=1e-4)
+
+
+def test_each_epoch_visits_every_transition_once_and_never_an_autoreset_step(probed, references):
+    trace, _ = probed
+    for i in (1, 2):
+        for epoch in (0, 1):
+            minibatches = [u["mb_inds"] for u in trace.backward if u["iteration"] == i and u["epoch"] == epoch]
+            assert len(minibatches) == 2
+            assert sorted(torch.cat(minibatches).tolist()) == references[i - 1]["transitions"].tolist()
+
+
+def test_every_loss_is_the_ppo_loss_of_its_minibatch(probed, references):
+    trace, _ = probed
+    assert len(trace.backward) == 2 * 2 * 2
+    for update in trace.backward:
+        reference, storage, mb = references[update["iteration"] - 1], update["storage"], update["mb_inds"]
+        advantages = torch.from_numpy(reference["advantages"].reshape(-1)[mb.numpy()]).float()
+        returns = advantages + storage["values"].reshape(-1)[mb]
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        old_values, old_log_probs = storage["values"].reshape(-1)[mb], storage["logprobs"].reshape(-1)[mb]
+        with torch.no_grad():
+            policy, values = policy_and_value(network(update["agent"]), storage["obs"].flatten(0, 1)[mb])
+        ratio = (policy.log_prob(storage["actions"].reshape(-1)[mb]) - old_log_probs).exp()
+        pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(0.8, 1.2)).mean()
+        clipped_values = old_values + (values - old_values).clamp(-0.2, 0.2)
+        v_loss = 0.5 * torch.max((values - returns) ** 2, (clipped_values - returns) ** 2).mean()
+        expected = pg_loss - 0.01 * policy.entropy().mean() + 0.5 * v_loss
+        assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-5), update["step"]
+
+
+def test_the_probed_run_writes_finite_scalars_at_a_constant_learning_rate_and_evaluates_saved_model(probed):
+    _, cwd = probed
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, PPO_KEYS + ["eval/episodic_return"])
+    assert len(scalars["losses/value_loss"]) == 2 and len(scalars["eval/episodic_return"]) == 2
+    # CleanRL's and the Procgen paper's setting: no annealing unless --anneal-lr asks for it
+    assert [value for _, value in scalars["charts/learning_rate"]] == pytest.approx([5e-4, 5e-4])
+    assert ppo_procgen.Args().anneal_lr is False
+    assert list((run_dir / "videos").rglob("*.mp4"))
+    model = torch.load(run_dir / "ppo_procgen.cleanrl_model", weights_only=False)
+    assert model["script"] == "ppo_procgen" and model["reward_scaler"]["count"] > 1
