@@ -3,9 +3,13 @@
 Chen et al. 2021 (https://arxiv.org/abs/2101.05982): N = 10 critics, each trained towards one shared
 target, the minimum over M = 2 target critics drawn at random (without replacement) for every update;
 G = 20 critic updates per environment step (the update-to-data ratio), each on a fresh minibatch, then
-one step of the policy, which maximises the mean of all N critics plus entropy, and of alpha (tuned
-towards a target entropy of -|A|). The rest is SAC: a tanh-squashed Gaussian policy, Polyak-averaged
-targets (tau 0.005), 5000 random steps, learning rates 3e-4, batch 256.
+one step of the policy, which maximises the mean of all N critics plus entropy, and of alpha. The rest is SAC: a
+tanh-squashed Gaussian policy, Polyak-averaged targets (tau 0.005), 5000 random steps, learning rates 3e-4, batch 256.
+Alpha is tuned towards --target-entropy, by default the authors' choice (github.com/watchernyu/REDQ, `target_entropy=
+'mbpo'`): MBPO's per-task values (Hopper -1, HalfCheetah -3, Walker2d -3, Ant -4, Humanoid -2; they list v2-v4, taken
+here for every version) and -|A| for other tasks, SAC's rule. Unlike the authors' code, alpha's loss is SAC's
+-alpha (log pi + target) (theirs: log alpha in place of alpha, the same fixed point), and the policy steps on the
+critics after the G-th critic step (theirs: before it), as the rest is SAC's.
 
 Action space: a bounded 1-D Box. Observations: a Box or a Dict of Boxes (flattened). Environments:
 vectorised gymnasium: MuJoCo (Hopper-v5 ...), dm_control via shimmy, Pendulum-v1. A truncation
@@ -99,7 +103,10 @@ class Args:
     alpha: float = 0.2
     """entropy regularization coefficient, fixed without --autotune (with it, alpha starts at 1 and is learned)"""
     autotune: bool = True
-    """automatic tuning of the entropy coefficient towards a target entropy of -|A|"""
+    """automatic tuning of the entropy coefficient towards --target-entropy"""
+    target_entropy: float | None = None
+    """the entropy alpha is tuned towards; None: the REDQ authors' choice, MBPO's per-task value (Hopper -1,
+    HalfCheetah -3, Walker2d -3, Ant -4, Humanoid -2) where they give one, -|A| otherwise"""
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for (deterministic mean action)"""
 
@@ -238,6 +245,17 @@ def squashed_gaussian_log_prob(
     return (normal_log_prob - log_abs_det).sum(-1)
 
 
+# The REDQ authors' target entropies (github.com/watchernyu/REDQ, redq/algos/core.py), from the MBPO paper; listed
+# there for the v2-v4 MuJoCo tasks, the same bodies and action spaces as v5.
+MBPO_TARGET_ENTROPY = {"Hopper": -1.0, "HalfCheetah": -3.0, "Walker2d": -3.0, "Ant": -4.0, "Humanoid": -2.0}
+
+
+def default_target_entropy(env_id: str, act_dim: int) -> float:
+    """The authors' target entropy for `env_id`: MBPO's value for its MuJoCo tasks (any version), -|A| otherwise."""
+    name, _, version = env_id.partition("-v")
+    return MBPO_TARGET_ENTROPY.get(name, -float(act_dim)) if version.isdigit() else -float(act_dim)
+
+
 def draw_target_critics(num_critics: int, num_drawn: int, device: torch.device) -> torch.Tensor:
     """num_drawn distinct indices of the ensemble, a uniformly random subset (the first entries of a random
     permutation), drawn with torch's RNG on the device: no host sync."""
@@ -305,10 +323,11 @@ class Actor(nn.Module):
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # from (-1, 1) into the bounds
         return mean, log_std
 
-    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reparameterised action (differentiable in the parameters) and its log-probability."""
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised action (differentiable in the parameters) and its log-probability; `noise`: the N(0, I)
+        draws [batch, action], drawn here if not given."""
         mean, log_std = self(obs)
-        noise = torch.randn_like(mean)
+        noise = torch.randn_like(mean) if noise is None else noise
         u = mean + log_std.exp() * noise
         action = to_env_action(torch.tanh(u), self.action_scale, self.action_bias)
         return action, squashed_gaussian_log_prob(u, noise, log_std, self.action_scale)
@@ -405,8 +424,10 @@ if __name__ == "__main__":
     qf = EnsembleQNetwork(obs_dim, act_dim, args.num_critics).to(device)
     qf_target = copy.deepcopy(qf)
     # Automatic entropy tuning: alpha = exp(log_alpha), trained so that the policy's entropy approaches
-    # -|A|; alpha is a device tensor updated in place (no host read per step).
-    target_entropy = -float(act_dim)
+    # target_entropy; alpha is a device tensor updated in place (no host read per step).
+    target_entropy = (
+        default_target_entropy(args.env_id, act_dim) if args.target_entropy is None else args.target_entropy
+    )
     log_alpha = torch.zeros((), device=device, requires_grad=True)
     alpha = log_alpha.detach().exp() if args.autotune else torch.tensor(args.alpha, device=device)
     q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
@@ -421,20 +442,22 @@ if __name__ == "__main__":
     stateful = dict(actor=actor, qf=qf, qf_target=qf_target, replay_buffer=rb)
     stateful.update(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
 
-    def critic_losses(batch: Transitions, drawn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def critic_losses(
+        batch: Transitions, drawn: torch.Tensor, noise: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The MSE of each critic towards the target of the `drawn` target critics [N], and each critic's mean
-        Q-value [N]. Only the M drawn target critics are evaluated."""
+        Q-value [N]; a' ~ pi(.|s') from the N(0, I) `noise`. Only the M drawn target critics are evaluated."""
         with torch.no_grad():
-            next_actions, next_log_prob = actor.sample(batch.next_obs)
+            next_actions, next_log_prob = actor.sample(batch.next_obs, noise)
             next_q_drawn = qf_target(batch.next_obs, next_actions, drawn)
             target = soft_q_target(batch.rewards, batch.terminations, next_q_drawn, next_log_prob, alpha, args.gamma)
         q_values = qf(batch.obs, batch.actions)
         return ((q_values - target) ** 2).mean(1), q_values.detach().mean(1)
 
-    def actor_losses(obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def actor_losses(obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy loss on the mean of all N critics, and the alpha loss (with --autotune) on the same
-        log-probabilities."""
-        actions, log_prob = actor.sample(obs)
+        log-probabilities (a ~ pi(.|s) from the N(0, I) `noise`)."""
+        actions, log_prob = actor.sample(obs, noise)
         actor_loss = (alpha * log_prob - qf(obs, actions).mean(0)).mean()
         alpha_loss = (-log_alpha.exp() * (log_prob.detach() + target_entropy)).mean()
         return actor_loss, alpha_loss
@@ -486,14 +509,16 @@ if __name__ == "__main__":
             for _ in range(args.utd_ratio):
                 batch = rb.sample(args.batch_size)
                 drawn = draw_target_critics(args.num_critics, args.num_target_critics, device)
-                qf_losses, q_values = critic_losses(batch, drawn)
+                noise = torch.randn_like(batch.actions)  # the N(0, I) draws of a' ~ pi(.|s')
+                qf_losses, q_values = critic_losses(batch, drawn, noise)
                 q_optimizer.zero_grad()
                 qf_losses.sum().backward()
                 q_optimizer.step()
                 with torch.no_grad():
                     torch._foreach_lerp_(list(qf_target.parameters()), list(qf.parameters()), args.tau)
             qf.requires_grad_(False)  # the policy's loss backpropagates through the critics, not into them
-            actor_loss, alpha_loss = actor_losses(batch.obs)  # the last critic step's minibatch, as in the paper
+            noise = torch.randn_like(batch.actions)
+            actor_loss, alpha_loss = actor_losses(batch.obs, noise)  # the last critic step's minibatch, as in the paper
             actor_optimizer.zero_grad()
             (actor_loss + alpha_loss if args.autotune else actor_loss).backward()
             actor_optimizer.step()

@@ -1,6 +1,9 @@
-"""redq_continuous_action.py: the random draw of the target critics, the target of exactly the two drawn ones,
-the batched ensemble against N plain q_networks (outputs and gradients), bad input, a smoke run with a saved
-model, SIGKILL + --resume exactness on Pendulum; and benchmark/steps_to_threshold.py's reader."""
+"""redq_continuous_action.py: the target entropy (the authors' per-task choice); its own loop under tests/probe.py
+(stored rows, acting, G critic steps per env step, every loss against the min of the drawn target critics and the
+mean of all, the policy and alpha's Adam steps, Polyak after every critic step); the random draw of the target
+critics, the target of exactly the two drawn ones, the batched ensemble against N plain q_networks (outputs and
+gradients), bad input, a smoke run with a saved model, SIGKILL + --resume exactness on Pendulum; and
+benchmark/steps_to_threshold.py's reader."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+import continuous_reference as plain
 import numpy as np
 import pytest
 import redq_continuous_action as redq
@@ -35,6 +39,174 @@ LOSS_KEYS = [
     "losses/alpha_loss",
 ]
 REDQ_KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", *LOSS_KEYS]
+
+
+# --- the target entropy ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env_id, act_dim, expected",
+    [
+        ("Hopper-v5", 3, -1.0),  # MBPO's values, as the REDQ authors use them (redq/algos/core.py) ...
+        ("HalfCheetah-v5", 6, -3.0),
+        ("Walker2d-v5", 6, -3.0),
+        ("Ant-v5", 8, -4.0),
+        ("Humanoid-v5", 17, -2.0),
+        ("Hopper-v4", 3, -1.0),  # ... listed there for v2-v4, the same tasks
+        ("HumanoidStandup-v5", 17, -17.0),  # ... and -|A| for every other task
+        ("Pendulum-v1", 1, -1.0),
+        ("dm_control/walker-walk-v0", 6, -6.0),
+        ("HopperBulletEnv-v0", 3, -3.0),
+    ],
+)
+def test_the_default_target_entropy_is_the_authors_choice(env_id, act_dim, expected):
+    assert redq.Args().target_entropy is None  # the default: decided per task
+    assert redq.default_target_entropy(env_id, act_dim) == expected
+
+
+# --- the loop's own wiring -----------------------------------------------------------------------
+# The script runs unchanged under tests/probe.py on ProbeDrift-v0 (tests/probe_box_envs.py: 8-step episodes that end
+# by termination or truncation, asymmetric action bounds), 2 envs, 3 critics (M = 2 drawn), 3 critic steps per env
+# step: 96 steps of random actions, then 8 env steps of 3 critic steps and one policy step each, with
+# --target-entropy -1.5. The tests rebuild what the loop stored and computed from the copies with plain references
+# (tests/continuous_reference.py) reading the networks from their state dicts. The run logs once (step 100).
+PROBE_FLAGS = ["--env-id", "ProbeDrift-v0", "--num-envs", "2", "--buffer-size", "120", "--batch-size", "16"]
+PROBE_FLAGS += ["--learning-starts", "96", "--total-timesteps", "104", "--gamma", "0.9", "--tau", "0.1"]
+PROBE_FLAGS += ["--num-critics", "3", "--num-target-critics", "2", "--utd-ratio", "3", "--target-entropy", "-1.5"]
+PROBE_STEP_NAMES = ["obs_np", "next_obs_np", "actions", "rewards", "terminations", "truncations", "infos"]
+PROBE_AT_BACKWARD = ["batch", "drawn", "noise", "t", "alpha", "log_alpha", "actor_loss", "alpha_loss"]
+PROBE_AT_BACKWARD += ["actor", "qf", "qf_target", "actor_optimizer"]
+GAMMA, TAU, LEARNING_STARTS, UTD_RATIO, TARGET_ENTROPY = 0.9, 0.1, 96, 3, -1.5
+ACTOR_PARAMETERS = [name for name, _ in redq.Actor(4, np.zeros(2), np.ones(2)).named_parameters()]
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("probe")
+    trace = probe_script(
+        SCRIPT,
+        PROBE_FLAGS,
+        cwd,
+        watch=PROBE_STEP_NAMES,
+        at_backward=PROBE_AT_BACKWARD,
+        final=["rb", "target_entropy"],
+        preload=["probe_box_envs"],
+    )
+    return trace, cwd
+
+
+def entries_by_step(trace) -> list[tuple[list[dict], dict]]:
+    """Per environment step t after learning starts: its critic steps (in order) and its policy step, the last
+    backward of each t."""
+    steps = {}
+    for entry in trace.backward:
+        steps.setdefault(entry["t"], []).append(entry)
+    return [(entries[:-1], entries[-1]) for _, entries in sorted(steps.items())]
+
+
+def test_the_loop_stores_each_step_with_the_true_next_observation_and_only_terminations(probed):
+    trace, cwd = probed
+    steps = [entry for entry in trace.steps if entry["step"] > 0]
+    assert len(steps) == 52
+    ends = plain.check_stored_rows(steps, trace.final["rb"], 4, 2, actions_name="actions")
+    assert min(ends.values()) >= 5, ends
+    (run_dir,) = run_dirs(cwd)
+    assert_finite_keys(read_scalars(run_dir), REDQ_KEYS)
+    # The policy of the moment acted (after learning started): its squashed Gaussian, not its mean.
+    scale, bias = torch.tensor([1.5, 2.5], dtype=torch.float64), torch.tensor([0.5, 2.5], dtype=torch.float64)
+    residuals = []
+    for step in steps[LEARNING_STARTS // 2 :]:
+        actor = next(entry for entry in trace.backward if entry["step"] == step["step"])["actor"]
+        with torch.no_grad():
+            mean, log_std = plain.policy_head(actor, torch.as_tensor(step["obs_np"]))
+        residuals.append(plain.gaussian_residuals(step["actions"], mean, log_std, scale, bias))
+    residuals = torch.cat(residuals)
+    assert len(residuals) == 8 and residuals.std().item() == pytest.approx(1.0, rel=0.5)
+
+
+def test_utd_ratio_critic_steps_per_env_step_each_on_a_fresh_minibatch_then_one_policy_step(probed):
+    trace, _ = probed
+    per_step = entries_by_step(trace)
+    assert [critics[0]["t"] for critics, _ in per_step] == list(range(LEARNING_STARTS + 1, 105))
+    for critics, policy in per_step:
+        assert len(critics) == UTD_RATIO
+        batches = [entry["batch"]["obs"] for entry in critics]
+        assert not any(torch.equal(a, b) for a, b in zip(batches, batches[1:]))  # a fresh minibatch each time
+        assert torch.equal(policy["batch"]["obs"], batches[-1])  # the policy: on the last critic step's minibatch
+
+
+def test_each_critic_step_regresses_all_critics_on_the_min_of_the_two_drawn_target_critics(probed):
+    trace, _ = probed
+    rows = plain.buffer_rows(trace.final["rb"], 4, 2)
+    stored = {plain.row_key(rows, i) for i in range(104)}
+    critic_steps = [entry for critics, _ in entries_by_step(trace) for entry in critics]
+    terminal_targets, undrawn_lower = 0, 0
+    for k, entry in enumerate(critic_steps):
+        batch, drawn = entry["batch"], entry["drawn"].tolist()
+        assert all(plain.row_key(batch, i) in stored for i in range(16)), "a sampled row was never stored"
+        assert len(set(drawn)) == 2 and set(drawn) <= {0, 1, 2}
+        alpha = entry["log_alpha"].double().exp()
+        assert torch.equal(entry["alpha"], entry["log_alpha"].exp())
+        with torch.no_grad():
+            next_actions, next_log_prob = plain.squashed_gaussian(entry["actor"], batch["next_obs"], entry["noise"])
+            next_q = [plain.stacked_critic(entry["qf_target"], i, batch["next_obs"], next_actions) for i in range(3)]
+            drawn_min = torch.minimum(next_q[drawn[0]], next_q[drawn[1]])
+            undrawn_lower += int((torch.stack(next_q).amin(0) < drawn_min).sum())
+            soft_value = drawn_min - alpha * next_log_prob
+            target = batch["rewards"].double() + GAMMA * (1 - batch["terminations"].double()) * soft_value
+            expected = sum(
+                ((plain.stacked_critic(entry["qf"], i, batch["obs"], batch["actions"]) - target) ** 2).mean()
+                for i in range(3)
+            )
+        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), f"critic step {k}"
+        terminal_targets += int(batch["terminations"].sum())
+    assert terminal_targets > 10 and undrawn_lower > 10  # the undrawn critic was often the lowest: the draw mattered
+    pairs = [frozenset(entry["drawn"].tolist()) for entry in critic_steps]
+    assert len(set(pairs)) == 3 and sum(a != b for a, b in zip(pairs, pairs[1:])) > 5  # drawn afresh, at random
+
+
+def test_the_policy_and_alpha_step_on_the_mean_of_all_critics_towards_the_target_entropy(probed):
+    trace, _ = probed
+    assert trace.final["target_entropy"] == TARGET_ENTROPY  # --target-entropy
+    following = {id(entry): after for entry, after in zip(trace.backward, trace.backward[1:])}
+    for _, entry in entries_by_step(trace):
+        obs, alpha = entry["batch"]["obs"], entry["log_alpha"].double().exp()
+        assert torch.equal(entry["alpha"], entry["log_alpha"].exp())
+
+        def policy_loss(actor_state: dict):
+            actions, log_prob = plain.squashed_gaussian(actor_state, obs, entry["noise"])
+            q_mean = torch.stack([plain.stacked_critic(entry["qf"], i, obs, actions) for i in range(3)]).mean(0)
+            return (alpha * log_prob - q_mean).mean(), log_prob
+
+        with torch.no_grad():
+            loss, log_prob = policy_loss(entry["actor"])
+            alpha_loss = (-alpha * (log_prob + TARGET_ENTROPY)).mean()
+        where = f"policy step at t={entry['t']}"
+        assert entry["actor_loss"].item() == pytest.approx(loss.item(), rel=1e-5), where
+        assert entry["alpha_loss"].item() == pytest.approx(alpha_loss.item(), rel=1e-5), where
+        assert entry["loss"].item() == pytest.approx((loss + alpha_loss).item(), rel=1e-5, abs=1e-6), where
+        if id(entry) in following:  # Adam on the policy loss's gradient (critics and alpha held still) and on alpha's
+            after = following[id(entry)]
+            new_actor, new_log_alpha = plain.policy_and_alpha_step(entry, policy_loss, TARGET_ENTROPY, ACTOR_PARAMETERS)
+            for name, value in new_actor.items():
+                torch.testing.assert_close(after["actor"][name].double(), value, rtol=1e-4, atol=2e-6, msg=where)
+            torch.testing.assert_close(after["log_alpha"].double(), new_log_alpha, rtol=1e-4, atol=2e-6, msg=where)
+
+
+def test_the_targets_follow_every_critic_step_by_polyak_averaging(probed):
+    trace, _ = probed
+    critic_steps = [entry for critics, _ in entries_by_step(trace) for entry in critics]
+    first = critic_steps[0]
+    assert all(torch.equal(first["qf_target"][k], first["qf"][k]) for k in first["qf"])
+    following = {id(entry): after for entry, after in zip(trace.backward, trace.backward[1:])}
+    for before, after in zip(critic_steps, critic_steps[1:]):
+        online = following[id(before)]["qf"]  # the critics after this step, as the next backward found them
+        for name, value in after["qf_target"].items():
+            old = before["qf_target"][name].double()
+            expected = old + TAU * (online[name].double() - old)
+            torch.testing.assert_close(value.double(), expected, rtol=1e-5, atol=1e-7, msg=f"t={before['t']}")
 
 
 # --- the maths -----------------------------------------------------------------------------------
