@@ -1,12 +1,14 @@
-"""sac_continuous_action.py: smoke runs (classic control, MuJoCo, dm_control), the squashed
-Gaussian and the soft Q target against their definitions, the twin critics against two plain
-q_networks, the replay buffer's named fields, bad input, checkpoints and exact resume, learning."""
+"""sac_continuous_action.py: its own loop under tests/probe.py (stored rows, acting, every critic loss, every policy
+and alpha loss and Adam step against plain references, Polyak timing); smoke runs (classic control, MuJoCo,
+dm_control), the squashed Gaussian and the soft Q target against their definitions, the twin critics against two
+plain q_networks, the replay buffer's named fields, bad input, checkpoints and exact resume, learning."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+import continuous_reference as plain
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -36,6 +38,161 @@ LOSS_KEYS = [
     "losses/alpha_loss",
 ]
 SAC_KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", *LOSS_KEYS]
+
+
+# --- the loop's own wiring -----------------------------------------------------------------------
+# The script runs unchanged under tests/probe.py on ProbeDrift-v0 (tests/probe_box_envs.py: 8-step episodes that end
+# by termination or truncation, asymmetric action bounds), 2 envs: 88 steps of random actions, then 16 critic steps,
+# 8 rounds of 2 policy steps and a Polyak update every 2nd critic step (--target-network-frequency 2). The tests
+# rebuild what the loop stored and computed from the copies with plain references (tests/continuous_reference.py)
+# that read the networks from their state dicts. The run logs once (step 100): its TensorBoard keys are checked too.
+PROBE_FLAGS = ["--env-id", "ProbeDrift-v0", "--num-envs", "2", "--buffer-size", "120", "--batch-size", "16"]
+PROBE_FLAGS += ["--learning-starts", "88", "--total-timesteps", "104", "--gamma", "0.9", "--tau", "0.1"]
+PROBE_FLAGS += ["--target-network-frequency", "2"]
+PROBE_STEP_NAMES = ["obs_np", "next_obs_np", "actions", "rewards", "terminations", "truncations", "infos"]
+PROBE_AT_BACKWARD = ["batch", "noise", "obs", "t", "alpha", "log_alpha", "actor_loss", "alpha_loss"]
+PROBE_AT_BACKWARD += ["actor", "qf", "qf_target", "actor_optimizer"]
+GAMMA, TAU, LEARNING_STARTS, TARGET_ENTROPY = 0.9, 0.1, 88, -2.0  # -|A| for ProbeDrift's two action dimensions
+ACTOR_PARAMETERS = [name for name, _ in sac.Actor(4, np.zeros(2), np.ones(2)).named_parameters()]
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("probe")
+    trace = probe_script(
+        SCRIPT,
+        PROBE_FLAGS,
+        cwd,
+        watch=PROBE_STEP_NAMES,
+        at_backward=PROBE_AT_BACKWARD,
+        final=["rb"],
+        preload=["probe_box_envs"],
+    )
+    return trace, cwd
+
+
+def probe_steps(trace) -> list[dict]:
+    return [entry for entry in trace.steps if entry["step"] > 0]
+
+
+def test_the_loop_stores_each_step_with_the_true_next_observation_and_only_terminations(probed):
+    trace, cwd = probed
+    steps = probe_steps(trace)
+    assert len(steps) == 52
+    ends = plain.check_stored_rows(steps, trace.final["rb"], 4, 2, actions_name="actions")
+    assert min(ends.values()) >= 5, ends
+    (run_dir,) = run_dirs(cwd)
+    assert_finite_keys(read_scalars(run_dir), LOSS_KEYS)
+
+
+def test_acting_samples_the_squashed_gaussian_of_the_policy_of_the_moment(probed):
+    trace, _ = probed
+    steps = [step for step in probe_steps(trace) if step["step"] - 2 >= LEARNING_STARTS]
+    assert len(steps) == 8
+    scale, bias = torch.tensor([1.5, 2.5], dtype=torch.float64), torch.tensor([0.5, 2.5], dtype=torch.float64)
+    residuals = []
+    for step in steps:
+        # The policy that acted: the first backward of this step's updates comes before any policy step.
+        actor = next(entry for entry in trace.backward if entry["step"] == step["step"])["actor"]
+        with torch.no_grad():
+            mean, log_std = plain.policy_head(actor, torch.as_tensor(step["obs_np"]))
+        residuals.append(plain.gaussian_residuals(step["actions"], mean, log_std, scale, bias))
+    residuals = torch.cat(residuals)
+    assert residuals.std().item() == pytest.approx(1.0, rel=0.35) and abs(residuals.mean().item()) < 0.5
+
+
+def critic_entries(trace) -> list[dict]:
+    return [entry for entry in trace.backward if entry["where"] == "update_critics"]
+
+
+def policy_entries(trace) -> list[dict]:
+    return [entry for entry in trace.backward if entry["where"] == "update_actor"]
+
+
+def test_each_critic_step_regresses_on_the_soft_target_of_the_next_action_from_real_transitions(probed):
+    trace, _ = probed
+    rows = plain.buffer_rows(trace.final["rb"], 4, 2)
+    stored = {plain.row_key(rows, i) for i in range(104)}
+    updates = critic_entries(trace)
+    assert [entry["t"] for entry in updates] == list(range(LEARNING_STARTS + 1, 105))  # one per env step
+    terminal_targets = 0
+    for entry in updates:
+        batch = entry["batch"]
+        assert all(plain.row_key(batch, i) in stored for i in range(16)), "a sampled row was never stored"
+        assert torch.equal(entry["alpha"], entry["log_alpha"].exp())  # alpha follows log_alpha
+        alpha = entry["log_alpha"].double().exp()
+        with torch.no_grad():
+            # a' ~ pi(.|s') from this step's noise; the entropy term takes the log-probability of a', not of a.
+            next_actions, next_log_prob = plain.squashed_gaussian(entry["actor"], batch["next_obs"], entry["noise"])
+            next_q = torch.minimum(
+                *(plain.stacked_critic(entry["qf_target"], i, batch["next_obs"], next_actions) for i in (0, 1))
+            )
+            soft_value = next_q - alpha * next_log_prob
+            target = batch["rewards"].double() + GAMMA * (1 - batch["terminations"].double()) * soft_value
+            expected = sum(
+                ((plain.stacked_critic(entry["qf"], i, batch["obs"], batch["actions"]) - target) ** 2).mean()
+                for i in (0, 1)
+            )
+        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), f"update {entry['t']}"
+        terminal_targets += int(batch["terminations"].sum())
+    assert terminal_targets > 10, "sampled transitions should end episodes"
+    assert updates[-1]["alpha"].item() < 1.0  # alpha (from 1) was tuned
+
+
+def test_the_policy_and_alpha_take_policy_frequency_steps_every_policy_frequency_critic_steps(probed):
+    trace, _ = probed
+    critics, policies = critic_entries(trace), policy_entries(trace)
+    assert [entry["t"] for entry in policies] == [
+        t for t in range(LEARNING_STARTS + 1, 105) if t % 2 == 0 for _ in "ab"
+    ]
+    by_t = {entry["t"]: entry for entry in critics}
+    following = {id(entry): after for entry, after in zip(trace.backward, trace.backward[1:])}
+    for k, entry in enumerate(policies):
+        obs = entry["obs"]
+        assert torch.equal(obs, by_t[entry["t"]]["batch"]["obs"])  # the critic step's minibatch, both times
+        assert k % 2 == 0 or not torch.equal(entry["noise"], policies[k - 1]["noise"])  # fresh noise each step
+        alpha = entry["log_alpha"].double().exp()
+        assert torch.equal(entry["alpha"], entry["log_alpha"].exp())
+
+        def policy_loss(actor_state: dict):
+            actions, log_prob = plain.squashed_gaussian(actor_state, obs, entry["noise"])
+            q = torch.minimum(*(plain.stacked_critic(entry["qf"], i, obs, actions) for i in (0, 1)))
+            return (alpha * log_prob - q).mean(), log_prob
+
+        with torch.no_grad():
+            loss, log_prob = policy_loss(entry["actor"])
+            alpha_loss = (-alpha * (log_prob + TARGET_ENTROPY)).mean()
+        where = f"policy step {k} at t={entry['t']}"
+        assert entry["actor_loss"].item() == pytest.approx(loss.item(), rel=1e-5), where
+        assert entry["alpha_loss"].item() == pytest.approx(alpha_loss.item(), rel=1e-5), where
+        assert entry["loss"].item() == pytest.approx((loss + alpha_loss).item(), rel=1e-5, abs=1e-6), where
+        # The step itself: Adam on the policy loss's gradient (the critics and alpha held still) and on alpha's.
+        if id(entry) in following:
+            after = following[id(entry)]
+            new_actor, new_log_alpha = plain.policy_and_alpha_step(entry, policy_loss, TARGET_ENTROPY, ACTOR_PARAMETERS)
+            for name, value in new_actor.items():
+                torch.testing.assert_close(after["actor"][name].double(), value, rtol=1e-4, atol=2e-6, msg=where)
+            torch.testing.assert_close(after["log_alpha"].double(), new_log_alpha, rtol=1e-4, atol=2e-6, msg=where)
+
+
+def test_the_targets_follow_by_polyak_averaging_every_target_network_frequency_critic_steps(probed):
+    trace, _ = probed
+    critics = critic_entries(trace)
+    assert all(torch.equal(critics[0]["qf_target"][k], critics[0]["qf"][k]) for k in critics[0]["qf"])
+    following = {id(entry): after for entry, after in zip(trace.backward, trace.backward[1:])}
+    for before, after in zip(critics, critics[1:]):
+        where = f"after t={before['t']}"
+        if before["t"] % 2 == 0:  # the critics after this step (as the next backward found them) pulled in by tau
+            online = following[id(before)]["qf"]
+            for name, value in after["qf_target"].items():
+                expected = before["qf_target"][name].double() + TAU * (
+                    online[name].double() - before["qf_target"][name].double()
+                )
+                torch.testing.assert_close(value.double(), expected, rtol=1e-5, atol=1e-7, msg=where)
+        else:
+            assert all(torch.equal(after["qf_target"][k], before["qf_target"][k]) for k in before["qf_target"]), where
 
 
 # --- smoke runs ----------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
-"""td3_continuous_action.py and ddpg_continuous_action.py: smoke runs on classic control, MuJoCo
-and dm_control; the action maths, the twin critic (against two plain q_networks) and the replay
-buffer's named fields against the definitions; bad input; checkpoints and exact resume; learning Pendulum."""
+"""td3_continuous_action.py and ddpg_continuous_action.py: each script's own loop under tests/probe.py (stored rows,
+every critic and actor loss against a plain reference, the delayed actor, Polyak targets, exploration noise); smoke
+runs on classic control, MuJoCo and dm_control; the action maths, the twin critic (against two plain q_networks) and
+the replay buffer's named fields against the definitions; bad input; checkpoints and exact resume; learning
+Pendulum."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import subprocess
 from contextlib import redirect_stderr
 from pathlib import Path
 
+import continuous_reference as plain
 import ddpg_continuous_action as ddpg
 import gymnasium as gym
 import numpy as np
@@ -41,6 +44,209 @@ COMMON_KEYS = [
 KEYS = {"td3": COMMON_KEYS + ["losses/qf2_values", "losses/qf2_loss", "losses/qf_loss"], "ddpg": COMMON_KEYS}
 # Asymmetric bounds: shifted, of different widths, one entirely negative.
 LOW, HIGH = torch.tensor([-1.0, 0.0, -3.0]), torch.tensor([2.0, 5.0, -1.0])
+
+
+# --- the loop's own wiring ---------------------------------------------------------------------
+# Each script runs unchanged under tests/probe.py on ProbeDrift-v0 (tests/probe_box_envs.py: 8-step episodes that end
+# by termination or truncation, asymmetric action bounds), 2 envs: 80 steps of random actions, then 24 gradient steps
+# (12 of the actor and the targets). The tests rebuild what the loop stored and computed from the copies, with plain
+# references written from the definitions; the networks are read from their state dicts, never run through the
+# scripts' forward(). The run also logs once (at step 100): its TensorBoard keys are the smoke test.
+PROBE_FLAGS = ["--env-id", "ProbeDrift-v0", "--num-envs", "2", "--buffer-size", "120", "--batch-size", "16"]
+PROBE_FLAGS += ["--learning-starts", "80", "--total-timesteps", "104", "--gamma", "0.9", "--tau", "0.1"]
+PROBE_FLAGS += ["--exploration-noise", "0.3"]
+PROBE_EXTRA = {"td3": ["--policy-noise", "0.4", "--noise-clip", "0.5"], "ddpg": []}
+PROBE_STEP_NAMES = ["obs_np", "next_obs_np", "actions_np", "rewards", "terminations", "truncations", "infos"]
+PROBE_NETWORKS = ["actor", "critic", "target_actor", "target_critic"]
+GAMMA, TAU, LEARNING_STARTS, NUM_ENVS = 0.9, 0.1, 80, 2
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """The probed run of a script, made once when a test first asks for it: (trace, cwd)."""
+    from probe import probe_script
+
+    traces = {}
+
+    def get(algo: str):
+        if algo not in traces:
+            cwd = tmp_path_factory.mktemp(f"probe-{algo}")
+            at_backward = ["batch", "update", "obs", "standard_normal", *PROBE_NETWORKS]
+            flags = PROBE_FLAGS + PROBE_EXTRA[algo]
+            trace = probe_script(
+                SCRIPTS[algo],
+                flags,
+                cwd,
+                watch=PROBE_STEP_NAMES,
+                at_backward=at_backward,
+                final=["rb"],
+                preload=["probe_box_envs"],
+            )
+            traces[algo] = trace, cwd
+        return traces[algo]
+
+    return get
+
+
+def plain_critic(algo: str, state: dict, i: int, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """Critic i's Q(s, a) [batch] from its state dict: TD3's stacked critics, DDPG's QNetwork (fc1-fc3)."""
+    if algo == "td3":
+        return plain.stacked_critic(state, i, obs, actions)
+    x = torch.cat([obs, actions], dim=-1)
+    h = plain.linear(plain.linear(x, state, "fc1").relu(), state, "fc2").relu()
+    return plain.linear(h, state, "fc3").squeeze(-1)
+
+
+def probe_steps(trace) -> list[dict]:
+    """One dict per loop iteration: the observation acted on, the actions, what the env returned."""
+    return [entry for entry in trace.steps if entry["step"] > 0]
+
+
+@pytest.mark.parametrize("algo", ["td3", "ddpg"])
+def test_the_loop_stores_each_step_with_the_true_next_observation_and_only_terminations(probed, algo):
+    trace, cwd = probed(algo)
+    steps = probe_steps(trace)
+    assert len(steps) == 104 // NUM_ENVS
+    ends = plain.check_stored_rows(steps, trace.final["rb"], 4, 2, actions_name="actions_np")
+    assert min(ends.values()) >= 5, ends
+    # Random actions until learning starts: uniform over the asymmetric bounds.
+    random_actions = plain.buffer_rows(trace.final["rb"], 4, 2)["actions"][:LEARNING_STARTS]
+    low, high = torch.tensor([-1.0, 0.0]), torch.tensor([2.0, 5.0])
+    assert (random_actions >= low).all() and (random_actions <= high).all()
+    assert (random_actions.min(0).values < low + 0.2 * (high - low)).all()
+    assert (random_actions.max(0).values > high - 0.2 * (high - low)).all()
+    # The run's TensorBoard keys (logged once, at step 100, after learning started).
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, KEYS[algo])
+    assert algo == "td3" or "losses/qf2_loss" not in scalars
+
+
+def critic_entries(trace, algo: str) -> list[dict]:
+    """The critics' gradient steps, one per update, in order. TD3 computes its losses in update_critics; DDPG in the
+    loop itself, where the critic's backward comes first in each update and the actor's (every policy_frequency-th)
+    second."""
+    if algo == "td3":
+        return [entry for entry in trace.backward if entry["where"] == "update_critics"]
+    seen, entries = set(), []
+    for entry in trace.backward:
+        if entry["update"] not in seen:
+            seen.add(entry["update"])
+            entries.append(entry)
+    return entries
+
+
+def actor_entries(trace, algo: str) -> list[dict]:
+    critics = critic_entries(trace, algo)
+    return [entry for entry in trace.backward if not any(entry is critic for critic in critics)]
+
+
+@pytest.mark.parametrize("algo", ["td3", "ddpg"])
+def test_each_critic_update_regresses_on_the_target_networks_bootstrap_from_real_transitions(probed, algo):
+    trace, _ = probed(algo)
+    rows = plain.buffer_rows(trace.final["rb"], 4, 2)
+    stored = {plain.row_key(rows, i) for i in range(104)}
+    updates = critic_entries(trace, algo)
+    assert [entry["update"] for entry in updates] == list(range(LEARNING_STARTS + 1, 105))  # one per env step
+    low, high = torch.tensor([-1.0, 0.0], dtype=torch.float64), torch.tensor([2.0, 5.0], dtype=torch.float64)
+    terminal_targets, clipped_noise = 0, 0
+    for entry in updates:
+        batch = entry["batch"]
+        assert all(plain.row_key(batch, i) in stored for i in range(16)), "a sampled row was never stored"
+        with torch.no_grad():
+            next_actions = plain.deterministic_actor(entry["target_actor"], batch["next_obs"])
+            if algo == "td3":  # target policy smoothing: clipped noise in half-ranges, then the bounds
+                scale = (high - low) / 2
+                noise = (0.4 * entry["standard_normal"].double()).clamp(-0.5, 0.5)
+                next_actions = torch.minimum(torch.maximum(next_actions + noise * scale, low), high)
+                clipped_noise += int((0.4 * entry["standard_normal"]).abs().gt(0.5).sum())
+                next_q = torch.minimum(
+                    *(plain_critic(algo, entry["target_critic"], i, batch["next_obs"], next_actions) for i in (0, 1))
+                )
+            else:
+                next_q = plain_critic(algo, entry["target_critic"], 0, batch["next_obs"], next_actions)
+            target = batch["rewards"].double() + GAMMA * (1 - batch["terminations"].double()) * next_q
+            critics = (0, 1) if algo == "td3" else (0,)
+            expected = sum(
+                ((plain_critic(algo, entry["critic"], i, batch["obs"], batch["actions"]) - target) ** 2).mean()
+                for i in critics
+            )
+        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), f"update {entry['update']}"
+        terminal_targets += int(batch["terminations"].sum())
+    assert terminal_targets > 10, "sampled transitions should end episodes"
+    if algo == "td3":
+        assert clipped_noise > 10  # the smoothing noise's clip was exercised
+        draws = torch.stack([entry["standard_normal"] for entry in updates])
+        assert draws.std().item() == pytest.approx(1.0, abs=0.1) and not torch.equal(draws[0], draws[1])
+
+
+@pytest.mark.parametrize("algo", ["td3", "ddpg"])
+def test_the_actor_climbs_the_first_critic_every_policy_frequency_updates_on_the_same_minibatch(probed, algo):
+    trace, _ = probed(algo)
+    critics, actors = critic_entries(trace, algo), actor_entries(trace, algo)
+    assert [entry["update"] for entry in actors] == list(range(LEARNING_STARTS + 2, 105, 2))  # delayed: every 2nd
+    by_update = {entry["update"]: entry for entry in critics}
+    for entry in actors:
+        obs = by_update[entry["update"]]["batch"]["obs"]  # the critics' minibatch of the same update
+        if algo == "td3":
+            assert torch.equal(entry["obs"], obs)
+        with torch.no_grad():
+            expected = -plain_critic(
+                algo, entry["critic"], 0, obs, plain.deterministic_actor(entry["actor"], obs)
+            ).mean()
+        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), f"update {entry['update']}"
+        # The critic it climbs is the one this update's critic step left (the step came first).
+        first_weight = next(iter(entry["critic"]))
+        assert not torch.equal(entry["critic"][first_weight], by_update[entry["update"]]["critic"][first_weight])
+
+
+def assert_polyak(new: dict, old: dict, online: dict, where: str) -> None:
+    """new == old + tau * (online - old), parameter by parameter (buffers, the action scale and bias, are copies)."""
+    for name, value in new.items():
+        expected = old[name].double() + TAU * (online[name].double() - old[name].double())
+        if name in ("action_scale", "action_bias"):
+            expected = old[name].double()
+        torch.testing.assert_close(value.double(), expected, rtol=1e-5, atol=1e-7, msg=f"{where}: {name}")
+
+
+@pytest.mark.parametrize("algo", ["td3", "ddpg"])
+def test_the_targets_follow_by_polyak_averaging_right_after_each_actor_step(probed, algo):
+    trace, _ = probed(algo)
+    critics, actors = critic_entries(trace, algo), actor_entries(trace, algo)
+    first = critics[0]
+    for name in ("actor", "critic"):  # the targets start as copies of the online networks
+        assert all(torch.equal(first[f"target_{name}"][k], first[name][k]) for k in first[name])
+    actor_step = {entry["update"]: entry for entry in actors}
+    for before, after in zip(critics, critics[1:]):
+        update = before["update"]
+        where = f"after update {update}"
+        if update in actor_step:
+            # The critic as the actor step found it (after this update's critic step), and the actor after its step.
+            assert_polyak(after["target_critic"], before["target_critic"], actor_step[update]["critic"], where)
+            assert_polyak(after["target_actor"], before["target_actor"], after["actor"], where)
+        else:
+            for name in ("target_actor", "target_critic"):
+                assert all(torch.equal(after[name][k], before[name][k]) for k in before[name]), where
+
+
+@pytest.mark.parametrize("algo", ["td3", "ddpg"])
+def test_exploration_adds_gaussian_noise_in_half_ranges_to_the_actor_of_the_moment(probed, algo):
+    trace, _ = probed(algo)
+    steps = [step for step in probe_steps(trace) if step["step"] - NUM_ENVS >= LEARNING_STARTS]
+    assert len(steps) == 12
+    critics = critic_entries(trace, algo)
+    scale = torch.tensor([1.5, 2.5], dtype=torch.float64)
+    residuals = []
+    for step in steps:
+        # The actor that acted: no actor step between the acting and this step's first critic update.
+        actor = next(entry for entry in critics if entry["step"] == step["step"])["actor"]
+        with torch.no_grad():
+            mean = plain.deterministic_actor(actor, torch.as_tensor(step["obs_np"]))
+        residuals.append((torch.as_tensor(step["actions_np"]).double() - mean) / scale)
+    residuals = torch.cat(residuals)
+    assert (residuals.abs() > 1e-6).all()  # every action was perturbed
+    assert residuals.std().item() == pytest.approx(0.3, rel=0.3)  # --exploration-noise 0.3 half-ranges
+    assert abs(residuals.mean().item()) < 0.15
 
 
 # --- smoke runs --------------------------------------------------------------------------------
