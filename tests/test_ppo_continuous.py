@@ -1,5 +1,6 @@
-"""ppo_continuous_action.py: smoke runs (Pendulum, Hopper, dm_control), normalisation, reward
-scaling and GAE against plain references, frozen statistics in evaluation, bad input,
+"""ppo_continuous_action.py: its own loop under tests/probe.py (storage against the stream, observation statistics, the
+reward scaler, GAE with truncations, every minibatch's loss); smoke runs (Pendulum, Hopper, dm_control),
+normalisation, reward scaling and GAE against plain references, frozen statistics in evaluation, bad input,
 checkpoints and resume, learning."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import continuous_reference as plain
 import numpy as np
 import ppo_continuous_action as pca
 import pytest
@@ -40,6 +42,155 @@ PPO_KEYS = ["charts/episodic_return", "charts/episodic_length", *LOSS_KEYS]
 
 def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# --- the loop's own wiring -----------------------------------------------------------------------
+# The script runs unchanged under tests/probe.py on ProbeDrift-v0 (tests/probe_box_envs.py: 8-step episodes that end
+# by termination or truncation, asymmetric action bounds), 2 envs x 32 steps, 2 iterations of 2 epochs of 2
+# minibatches. The tests rebuild what the loop stored and computed from the copies: the stream of what the policy saw
+# and the env returned (tests/continuous_reference.rollout_stream) against the rollout storage, the normalisation,
+# the reward scaler, GAE and every minibatch's loss, with plain references that read the agent from its state dict.
+PROBE_FLAGS = ["--env-id", "ProbeDrift-v0", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2"]
+PROBE_FLAGS += ["--update-epochs", "2", "--total-timesteps", "128", "--gamma", "0.9", "--gae-lambda", "0.8"]
+PROBE_WATCH = ["next_obs", "obs_rms", "noise", "iteration"]
+PROBE_WATCH += ["action", "next_obs_np", "reward", "terminated", "truncated", "infos"]
+PROBE_AT_BACKWARD = ["mb", "agent", "batch", "storage", "rewards", "iteration", "epoch"]
+NUM_STEPS, NUM_ENVS, GAMMA, GAE_LAMBDA = 32, 2, 0.9, 0.8
+LOW, HIGH = np.array([-1.0, 0.0]), np.array([2.0, 5.0])
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("probe")
+    final = ["action", "next_obs_np", "reward", "terminated", "truncated", "infos", "next_obs", "obs_rms"]
+    trace = probe_script(
+        SCRIPT,
+        PROBE_FLAGS,
+        cwd,
+        watch=PROBE_WATCH,
+        at_backward=PROBE_AT_BACKWARD,
+        final=final,
+        preload=["probe_box_envs"],
+    )
+    return trace, cwd
+
+
+def rollouts(trace) -> list[tuple[list[dict], dict]]:
+    """Per iteration: its steps of the stream and the first backward of its update (the rollout's agent, storage,
+    scaled rewards and batch, before any gradient step)."""
+    stream = plain.rollout_stream(trace, NUM_STEPS)
+    firsts = [next(entry for entry in trace.backward if entry["iteration"] == i) for i in (1, 2)]
+    return [([s for s in stream if s["iteration"] == i], first) for i, first in zip((1, 2), firsts)]
+
+
+def test_storage_holds_the_observations_as_the_policy_saw_them_and_its_unclipped_samples(probed):
+    trace, cwd = probed
+    stream = plain.rollout_stream(trace, NUM_STEPS)
+    assert len(stream) == 64
+    for k, step in enumerate(stream[1:], 1):  # the statistics: every raw observation entered before normalising
+        raw = np.asarray(stream[k - 1]["next_obs_np"], dtype=np.float64)
+        expected = plain.merge_statistics(plain.rms_state(stream[k - 1]["obs_rms"]), raw)
+        np.testing.assert_allclose(step["obs_rms"]["mean"].numpy(), expected["mean"], rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(step["obs_rms"]["var"].numpy(), expected["var"], rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(step["obs"].numpy(), plain.normalise(raw, expected, 10.0), rtol=1e-5, atol=1e-6)
+    outside = 0
+    for steps, first in rollouts(trace):
+        storage = first["storage"]
+        for step in steps:
+            s, where = step["step"], f"iteration {step['iteration']} step {step['step']}"
+            assert torch.equal(storage["obs"][s], step["obs"]), where
+            assert torch.equal(storage["actions"][s], step["action"]), where  # as sampled, not clipped
+            assert storage["rewards"][s].tolist() == np.float32(step["reward"]).tolist(), where  # raw
+            assert storage["terminations"][s].tolist() == np.float32(step["terminated"]).tolist(), where
+            assert storage["truncations"][s].tolist() == np.float32(step["truncated"]).tolist(), where
+            # The action is a sample of the policy of the moment: mean + std * the rollout's noise.
+            with torch.no_grad():
+                mean, log_std = plain.gaussian_policy(first["agent"], step["obs"])
+            torch.testing.assert_close(step["action"].double(), mean + log_std.exp() * step["noise"].double())
+            outside += int(((step["action"].numpy() < LOW) | (step["action"].numpy() > HIGH)).sum())
+    assert outside > 10, "the policy's samples should leave the bounds (they are clipped only for the env)"
+    (run_dir,) = run_dirs(cwd)
+    assert_finite_keys(read_scalars(run_dir), PPO_KEYS)
+
+
+def test_rewards_are_scaled_by_the_running_std_of_the_discounted_return_across_rollouts(probed):
+    trace, _ = probed
+    pairs = rollouts(trace)
+    raw = [[np.asarray(step["reward"], dtype=np.float64).tolist() for step in steps] for steps, _ in pairs]
+    dones = [
+        [(np.asarray(step["terminated"]) | np.asarray(step["truncated"])).tolist() for step in steps]
+        for steps, _ in pairs
+    ]
+    for expected, (_, first) in zip(reference_reward_scaling(raw, dones, GAMMA, 10.0), pairs):
+        np.testing.assert_allclose(first["rewards"].numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_gae_bootstraps_truncations_from_the_true_final_observation_and_cuts_terminations(probed):
+    trace, _ = probed
+    stream = plain.rollout_stream(trace, NUM_STEPS)
+    ends = {"terminated": 0, "truncated": 0}
+    for iteration, (steps, first) in enumerate(rollouts(trace)):
+        agent, values, next_values = first["agent"], [], []
+        with torch.no_grad():
+            for step in steps:
+                k = (step["iteration"] - 1) * NUM_STEPS + step["step"]
+                following = stream[k + 1]["obs"] if k + 1 < len(stream) else trace.final["next_obs"]
+                next_value = plain.state_value(agent, following)
+                truncated = np.asarray(step["truncated"]) & ~np.asarray(step["terminated"])
+                for env in np.flatnonzero(truncated):  # the true final observation, normalised when it arrived
+                    stats = plain.rms_state(stream[k + 1]["obs_rms"] if k + 1 < len(stream) else trace.final["obs_rms"])
+                    final_obs = torch.as_tensor(plain.normalise(step["infos"]["final_obs"][env], stats, 10.0))
+                    next_value[env] = plain.state_value(agent, final_obs.float())
+                values.append(plain.state_value(agent, step["obs"]).tolist())
+                next_values.append(next_value.tolist())
+                ends["terminated"] += int(np.sum(step["terminated"]))
+                ends["truncated"] += int(truncated.sum())
+        terminations = [np.asarray(step["terminated"], dtype=float).tolist() for step in steps]
+        truncations = [np.asarray(step["truncated"], dtype=float).tolist() for step in steps]
+        rewards = first["rewards"].double().tolist()
+        advantages = np.array(reference_gae(rewards, values, next_values, terminations, truncations, GAMMA, GAE_LAMBDA))
+        batch = first["batch"]
+        where = f"iteration {iteration + 1}"
+        np.testing.assert_allclose(
+            batch["advantages"].numpy(), advantages.reshape(-1), rtol=1e-4, atol=1e-5, err_msg=where
+        )
+        np.testing.assert_allclose(batch["values"].numpy(), np.reshape(values, -1), rtol=1e-5, atol=1e-6, err_msg=where)
+        np.testing.assert_allclose(batch["returns"].numpy(), (advantages + values).reshape(-1), rtol=1e-4, atol=1e-5)
+        with torch.no_grad():
+            mean, log_std = plain.gaussian_policy(agent, batch["obs"])
+            logprobs = torch.distributions.Normal(mean, log_std.exp()).log_prob(batch["actions"].double()).sum(-1)
+        torch.testing.assert_close(batch["logprobs"].double(), logprobs, rtol=1e-5, atol=1e-5)
+    assert min(ends.values()) >= 5, ends
+
+
+def test_each_minibatch_steps_on_the_clipped_ppo_loss_of_its_rows_with_normalised_advantages(probed):
+    trace, _ = probed
+    assert len(trace.backward) == 2 * 2 * 2  # iterations x epochs x minibatches
+    for iteration in (1, 2):
+        updates = [entry for entry in trace.backward if entry["iteration"] == iteration]
+        batch = updates[0]["batch"]
+        row_of = {
+            tuple(obs.tolist()) + tuple(a.tolist()): i for i, (obs, a) in enumerate(zip(batch["obs"], batch["actions"]))
+        }
+        for epoch in (0, 1):
+            minibatches = [entry for entry in updates if entry["epoch"] == epoch]
+            rows = [
+                [row_of[tuple(o.tolist()) + tuple(a.tolist())] for o, a in zip(e["mb"]["obs"], e["mb"]["actions"])]
+                for e in minibatches
+            ]
+            assert sorted(sum(rows, [])) == list(range(NUM_STEPS * NUM_ENVS)), "an epoch's minibatches split the batch"
+            for entry, indices in zip(minibatches, rows):
+                mb, where = entry["mb"], f"iteration {iteration} epoch {epoch}"
+                for field in ("logprobs", "returns", "values"):
+                    assert torch.equal(mb[field], batch[field][indices]), where
+                advantages = batch["advantages"][indices].double()
+                normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+                torch.testing.assert_close(mb["advantages"].double(), normalised, rtol=1e-5, atol=1e-6)
+                with torch.no_grad():
+                    expected = plain.ppo_loss(entry["agent"], mb, clip_coef=0.2, vf_coef=0.5)
+                assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6), where
 
 
 # --- smoke runs ----------------------------------------------------------------------------------

@@ -1,13 +1,15 @@
 """ppo_continuous_action_hterm.py: PPO with ElegantRL's H-term. The episode memory (episodes assembled across
 rollouts, the lowest returns dropped before new ones are added, the reward-to-go min-max normalised over the whole
 memory as ElegantRL does), the term's value on a hand-built memory, its gradient's sign, the variant being exactly
-ppo_continuous_action.py until the term starts, exact resume with the term on, bad input."""
+ppo_continuous_action.py until the term starts, exact resume with the term on, bad input; and the script's own loop
+under tests/probe.py (the memory rebuilt from what the rollouts stored, the term in every minibatch's loss)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+import continuous_reference as plain
 import numpy as np
 import ppo_continuous_action_hterm as hterm
 import pytest
@@ -130,6 +132,124 @@ def test_h_term_gradient_raises_the_density_of_high_return_actions():
     after = {a: agent.log_prob(obs, torch.tensor([[a]])).item() for a in (0.3, -0.3)}
     assert after[0.3] > before[0.3]  # the action of reward-to-go 1 got likelier
     assert after[-0.3] < before[-0.3]  # the one of reward-to-go 0 less so
+
+
+# --- the loop's own wiring -----------------------------------------------------------------------
+# The script runs unchanged under tests/probe.py on ProbeDrift-v0 (tests/probe_box_envs.py: 8-step episodes that end
+# by termination or truncation), 2 envs x 32 steps, 3 iterations of 2 epochs of 2 minibatches, the term on from 100
+# stored transitions (the 2nd iteration on), a quarter of the episodes dropped before each rollout's are added. The
+# tests rebuild the episode memory from the stream of what the policy saw and the env returned
+# (tests/continuous_reference.rollout_stream) and check every minibatch's loss as PPO's plus the term.
+PROBE_FLAGS = ["--env-id", "ProbeDrift-v0", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2"]
+PROBE_FLAGS += ["--update-epochs", "2", "--total-timesteps", "192", "--gamma", "0.9", "--gae-lambda", "0.8"]
+PROBE_FLAGS += ["--h-term-lambda", "0.5", "--h-term-drop-rate", "0.25", "--h-term-sample-rate", "1.0"]
+PROBE_FLAGS += ["--h-term-min-transitions", "100"]
+PROBE_WATCH = ["next_obs", "obs_rms", "noise", "iteration", "memory"]
+PROBE_WATCH += ["action", "next_obs_np", "reward", "terminated", "truncated", "infos"]
+PROBE_AT_BACKWARD = ["mb", "agent", "iteration", "memory", "h_term", "h_term_on"]
+PROBE_GAMMA, PROBE_LAMBDA, PROBE_DROP_RATE, PROBE_MIN_TRANSITIONS = 0.9, 0.5, 0.25, 100
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    from probe import probe_script
+
+    final = ["action", "next_obs_np", "reward", "terminated", "truncated", "infos", "next_obs", "obs_rms", "memory"]
+    cwd = tmp_path_factory.mktemp("probe")
+    return probe_script(
+        SCRIPT,
+        PROBE_FLAGS,
+        cwd,
+        watch=PROBE_WATCH,
+        at_backward=PROBE_AT_BACKWARD,
+        final=final,
+        preload=["probe_box_envs"],
+    )
+
+
+def reference_memories(stream: list[dict], num_envs: int) -> list[list[tuple]]:
+    """The stored episodes after each rollout, rebuilt from the stream: whole episodes (assembled across rollouts) of
+    (observations as the policy saw them, the actions as sampled, the raw rewards); before a rollout's finished
+    episodes are added, the lowest-return share of those stored is dropped. An episode: (obs, actions, reward-to-go,
+    return)."""
+    memories, stored = [], []
+    running = [([], [], []) for _ in range(num_envs)]
+    for iteration in sorted({step["iteration"] for step in stream}):
+        finished = []
+        for env in range(num_envs):
+            for step in (step for step in stream if step["iteration"] == iteration):
+                obs, actions, rewards = running[env]
+                obs.append(step["obs"][env])
+                actions.append(step["action"][env])
+                rewards.append(float(step["reward"][env]))
+                if step["terminated"][env] or step["truncated"][env]:
+                    finished.append(
+                        (torch.stack(obs), torch.stack(actions), reward_to_go(rewards, PROBE_GAMMA), sum(rewards))
+                    )
+                    running[env] = ([], [], [])
+        stored.sort(key=lambda episode: episode[3])
+        del stored[: int(len(stored) * PROBE_DROP_RATE)]
+        stored += finished
+        memories.append(list(stored))
+    return memories
+
+
+def memories(trace) -> list[dict]:
+    """The episode memory's state dict (its episodes) after each rollout was added: as the next rollout's first step
+    found it, or at the end. (At a backward, `memory` is update_minibatch's argument: None while the term is off.)"""
+    steps = [entry for entry in trace.steps if entry["step"] > 0]
+    return [next(entry for entry in steps if entry["iteration"] == i)["memory"] for i in (2, 3)] + [
+        trace.final["memory"]
+    ]
+
+
+def test_the_memory_holds_the_best_whole_episodes_of_what_the_rollouts_stored_with_raw_rewards(probed):
+    stream = plain.rollout_stream(probed, 32)
+    assert len(stream) == 96
+    expected = reference_memories(stream, 2)
+    assert len(expected) == 3 and len(expected[0]) >= 8  # so that the 2nd and 3rd rollouts drop episodes first
+    for iteration, (episodes, memory) in enumerate(zip(expected, memories(probed)), 1):
+        got = sorted(memory["episodes"], key=lambda episode: episode[3])
+        episodes = sorted(episodes, key=lambda episode: episode[3])
+        returns = [episode[3] for episode in episodes]  # the script sums float32 rewards
+        assert [episode[3] for episode in got] == pytest.approx(returns, rel=1e-5, abs=1e-5), iteration
+        for (obs, actions, to_go, _), (want_obs, want_actions, want_to_go, _) in zip(got, episodes):
+            assert torch.equal(obs, want_obs) and torch.equal(actions, want_actions)
+            assert to_go.tolist() == pytest.approx(want_to_go, rel=1e-5, abs=1e-6)
+        assert len(memory["unfinished"]) == 2  # each env's episode so far waits for the next rollout
+
+
+def test_each_minibatch_adds_the_h_term_of_a_uniform_sample_of_the_memory_once_it_is_full_enough(probed):
+    states, stored = set(), memories(probed)
+    for entry in probed.backward:
+        mb, where = entry["mb"], f"iteration {entry['iteration']}"
+        with torch.no_grad():
+            ppo = plain.ppo_loss(entry["agent"], mb, clip_coef=0.2, vf_coef=0.5)
+        # The memory as this rollout left it, as [size, ...] tensors; R_norm: the reward-to-go min-max normalised
+        # over all of it (ElegantRL's h_term_r_min_max).
+        episodes = stored[entry["iteration"] - 1]["episodes"]
+        obs, actions, to_go = (torch.cat([episode[i] for episode in episodes]) for i in range(3))
+        r_norm = (to_go - to_go.min()) / (to_go.max() - to_go.min())
+        on = len(r_norm) >= PROBE_MIN_TRANSITIONS
+        assert entry["h_term_on"] == on, where
+        states.add(on)
+        if not on:
+            assert entry["memory"] is None and "h_term" not in entry, where
+            assert entry["loss"].item() == pytest.approx(ppo.item(), rel=1e-5, abs=1e-6), where
+            continue
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(entry["memory"]["episodes"], episodes)), where
+        h_term = entry["h_term"].item()
+        assert entry["loss"].item() == pytest.approx(ppo.item() + h_term, rel=1e-5, abs=1e-6), where
+        # -lambda * mean[pi(a|s) R_norm] over int(size * 1.0 + 1) rows drawn uniformly: near the memory's own mean.
+        with torch.no_grad():
+            mean, log_std = plain.gaussian_policy(entry["agent"], obs)
+            density = torch.distributions.Normal(mean, log_std.exp()).log_prob(actions.double()).sum(-1).exp()
+        weighted = density * r_norm.double()
+        n = len(r_norm) + 1
+        sample_mean = -h_term / PROBE_LAMBDA
+        assert 0 <= sample_mean <= weighted.max().item(), where
+        assert abs(sample_mean - weighted.mean().item()) < 4 * weighted.std().item() / n**0.5 + 1e-6, where
+    assert states == {False, True}, "the run should show the term both off and on"
 
 
 def curves(run_dir: Path) -> dict:
