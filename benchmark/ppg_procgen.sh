@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ppg_procgen.py on Procgen StarpilotEasy, BigfishEasy and BossfightEasy, 25M steps (CleanRL's settings: 64 envs x 256
-# steps, 8 minibatches, IMPALA CNNs, lr 5e-4, gamma 0.999, aux phase every 32 iterations x 6 epochs), seeds 1-3, on a GPU.
+# steps, 8 minibatches, IMPALA CNNs, lr 5e-4, gamma 0.999, aux phase every 32 iterations x 6 epochs; the PPG code's
+# normed initialisation and no gradient clipping), seeds 1-3, on a GPU.
 # Results: benchmark/results/ppg_procgen.md and ppg_procgen.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,6 +3,10 @@
 # of CleanRL's 64 envs x 256 steps; IMPALA CNN, lr 5e-4, gamma 0.999), seeds 1-3, beside a uniformly random policy on
 # the same 64 envs. PPG's auxiliary phase runs every --n-iteration 4 iterations here (CleanRL: 32, which this budget
 # would never reach). CleanRL's 25M-step runs are benchmark/ppo_procgen.sh and ppg_procgen.sh (a GPU).
+# The committed ppo results were run with the learning rate annealed to 0 (ppo_procgen.py's default then; CleanRL's
+# default, and the script's now, is a constant rate): the ppo command passes --anneal-lr, the flag they were run with.
+# The committed ppg results were made before ppg_procgen.py took PPG's normed initialisation and stopped clipping
+# gradients (see benchmark/results/procgen_cpu.md); no flag brings that code back: the ppg part runs the current one.
 # Each part can run on its own (the three runs of one script take hours on 2 cores):
 #     bash benchmark/procgen_cpu.sh random|ppo|ppg|table [first seed, default 1] [last seed, default 3]
 # Results: benchmark/results/procgen_cpu.md and procgen_cpu.png.
@@ -34,7 +38,7 @@ run() {
 }
 case "$part" in
     random) run "uv run --extra envpool python benchmark/random_policy_pixels.py --num-envs 64 --total-timesteps $STEPS" ;;
-    ppo) run "uv run --extra envpool python cleanrl/ppo_procgen.py --total-timesteps $STEPS $KEEP" ;;
+    ppo) run "uv run --extra envpool python cleanrl/ppo_procgen.py --total-timesteps $STEPS --anneal-lr $KEEP" ;;
     ppg) run "uv run --extra envpool python cleanrl/ppg_procgen.py --total-timesteps $STEPS --n-iteration 4 $KEEP" ;;
     table)
         # The archived copies: every finished run, also those of earlier machines (runs/ has only this one's); an

@@ -1,13 +1,18 @@
 """Phasic Policy Gradient (PPG) on Procgen, with IMPALA CNNs.
 
 Cobbe et al. 2020, "Phasic Policy Gradient" (https://arxiv.org/abs/2009.04416). Policy and value are separate IMPALA
-CNNs (16, 32, 32 channels, residual blocks, 256 units). The policy phase is PPO (Schulman et al. 2017) for
---n-iteration iterations (--e-policy epochs on the policy, --v-value on the value network); then the auxiliary phase
-(--e-auxiliary epochs over whole rollouts of the last --n-iteration iterations) distils the value targets into an
-auxiliary value head on the policy network while a KL term (--beta-clone) holds the policy to what it was before the
-phase, and trains the value network further. CleanRL's settings: 64 envs x 256 steps, 8 minibatches, lr 5e-4, gamma
-0.999, advantages normalised over the whole batch, rewards scaled by the running std of the discounted return
-(saved with checkpoints and the model), while charts/episodic_return is the raw episode score.
+CNNs (16, 32, 32 channels, residual blocks, 256 units) with the normed initialisation of the paper's code
+(openai/phasic-policy-gradient): every layer's weights rescaled to a fixed norm per output unit, zero biases. The
+policy phase is PPO (Schulman et al. 2017) for --n-iteration iterations (--e-policy epochs on the policy, --v-value on
+the value network); then the auxiliary phase (--e-auxiliary epochs over whole rollouts of the last --n-iteration
+iterations) distils the value targets into an auxiliary value head on the policy network while a KL term
+(--beta-clone) holds the policy to what it was before the phase, and trains the value network further. CleanRL's
+settings: 64 envs x 256 steps, 8 minibatches, lr 5e-4, gamma 0.999, advantages normalised over the whole batch,
+rewards scaled by the running std of the discounted return (saved with checkpoints and the model), while
+charts/episodic_return is the raw episode score. Gradients are not clipped, as in the paper's code (CleanRL clips its
+one network's at 0.5; --max-grad-norm 0.5 clips both networks' together). Where this follows CleanRL rather than the
+paper's code: the value loss is clipped (--clip-vloss), and one Adam optimiser serves both phases (the paper's code
+gives the auxiliary phase an Adam of its own).
 
 Action space: Discrete(15). Environments: envpool's Procgen games (StarpilotEasy-v0, BigfishEasy-v0 ...). Autoreset is
 NEXT_STEP: autoreset steps leave every batch and the auxiliary losses; the true final observation bootstraps a
@@ -96,8 +101,8 @@ class Args:
     """coefficient of the entropy"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
-    max_grad_norm: float = 0.5
-    """the maximum norm for the gradient clipping (of each network)"""
+    max_grad_norm: float | None = None
+    """clip the norm of both networks' gradients together to this (None: no clipping, as in the PPG paper's code)"""
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for"""
 
@@ -137,6 +142,8 @@ def validate(args: Args) -> None:
         fail(
             "--checkpoint-every, --num-levels, --start-level, --e-policy, --v-value, --beta-clone must not be negative"
         )
+    if args.max_grad_norm is not None:
+        check_positive(max_grad_norm=args.max_grad_norm)
     if args.e_policy + args.v_value == 0:
         fail("--e-policy and --v-value are both 0: the policy phase would learn nothing")
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
@@ -158,30 +165,37 @@ def validate(args: Args) -> None:
     check_fits(aux_nbytes(args), "cpu", "auxiliary buffer", "--n-iteration")
 
 
-def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
+def normed_init(layer: nn.Module, scale: float) -> nn.Module:
+    """The PPG code's NormedLinear / NormedConv2d: PyTorch's default weights rescaled so that each output unit's weight
+    vector has norm `scale`; biases zero."""
+    with torch.no_grad():
+        fan_in_dims = tuple(range(1, layer.weight.dim()))
+        layer.weight.mul_(scale / torch.linalg.vector_norm(layer.weight, dim=fan_in_dims, keepdim=True))
+        layer.bias.zero_()
     return layer
 
 
 class ResidualBlock(nn.Module):
-    def __init__(self, channels: int):
+    """Two 3x3 convolutions around ReLUs, added to the input; each convolution's weight norm is sqrt(scale)."""
+
+    def __init__(self, channels: int, scale: float):
         super().__init__()
-        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
-        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv0 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), np.sqrt(scale))
+        self.conv1 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), np.sqrt(scale))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
 class ConvSequence(nn.Module):
-    """A 3x3 convolution, a 3x3 max-pool of stride 2 (halving height and width), two residual blocks."""
+    """A 3x3 convolution (weight norm 1), a 3x3 max-pool of stride 2 (halving height and width), two residual blocks
+    that share the sequence's `scale` (scale / sqrt(2) each)."""
 
-    def __init__(self, in_channels: int, out_channels: int):
+    def __init__(self, in_channels: int, out_channels: int, scale: float):
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1)
-        self.res_block0 = ResidualBlock(out_channels)
-        self.res_block1 = ResidualBlock(out_channels)
+        self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
+        self.res_block0 = ResidualBlock(out_channels, scale / np.sqrt(2))
+        self.res_block1 = ResidualBlock(out_channels, scale / np.sqrt(2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = nn.functional.max_pool2d(self.conv(x), kernel_size=3, stride=2, padding=1)
@@ -189,13 +203,15 @@ class ConvSequence(nn.Module):
 
 
 def impala_cnn(obs_shape: tuple, channels: tuple = (16, 32, 32), hidden: int = 256) -> nn.Sequential:
-    """The IMPALA CNN (Espeholt et al. 2018) as Procgen's baselines use it: PyTorch's default initialisation."""
+    """The IMPALA CNN (Espeholt et al. 2018) initialised as the PPG code's ImpalaCNN: each conv sequence's residual
+    blocks share a scale of 1 / sqrt(number of sequences), the dense layer's weight norm is 1.4."""
     c, h, w = obs_shape
     layers = []
     for out_channels in channels:
-        layers.append(ConvSequence(c, out_channels))
+        layers.append(ConvSequence(c, out_channels, scale=1 / np.sqrt(len(channels))))
         c, h, w = out_channels, (h + 1) // 2, (w + 1) // 2
-    return nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), nn.Linear(c * h * w, hidden), nn.ReLU())
+    dense = normed_init(nn.Linear(c * h * w, hidden), 1.4)
+    return nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
 
 
 def pixels(obs: torch.Tensor) -> torch.Tensor:
@@ -213,8 +229,8 @@ class PolicyNetwork(nn.Module):
     def __init__(self, obs_shape: tuple, n_actions: int):
         super().__init__()
         self.network = impala_cnn(obs_shape)
-        self.actor = layer_init(nn.Linear(256, n_actions), std=0.01)
-        self.aux_critic = layer_init(nn.Linear(256, 1), std=1.0)
+        self.actor = normed_init(nn.Linear(256, n_actions), 0.1)
+        self.aux_critic = normed_init(nn.Linear(256, 1), 0.1)
 
     def log_probs(self, obs: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.actor(self.network(pixels(obs))), dim=-1)
@@ -243,7 +259,7 @@ class ValueNetwork(nn.Module):
     def __init__(self, obs_shape: tuple):
         super().__init__()
         self.network = impala_cnn(obs_shape)
-        self.critic = layer_init(nn.Linear(256, 1), std=1.0)
+        self.critic = normed_init(nn.Linear(256, 1), 0.1)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.network(pixels(obs))).squeeze(-1)
@@ -351,13 +367,14 @@ def auxiliary_phase(
     epochs: int,
     num_aux_rollouts: int,
     beta_clone: float,
-    max_grad_norm: float,
+    max_grad_norm: float | None,
     n_aux_grad_accum: int = 1,
 ) -> dict[str, torch.Tensor]:
     """PPG's auxiliary phase over whole rollouts `obs` [T, R, C, H, W] with value targets `returns` [T, R]; only the
     steps where `valid` is True count. Per minibatch of `num_aux_rollouts` rollouts: the auxiliary value head's squared
     error + beta_clone * KL(policy before the phase || policy now) on the policy network, and the value network's
-    squared error. Returns the last minibatch's losses."""
+    squared error; both networks' gradients clipped together to `max_grad_norm` when it is given. Returns the last
+    minibatch's losses."""
     device = next(policy.parameters()).device
     num_steps, rollouts = returns.shape
     with torch.no_grad():  # the policy before the phase, which the KL term holds on to
@@ -383,8 +400,8 @@ def auxiliary_phase(
             loss = aux_value_loss + beta_clone * kl_loss + real_value_loss
             (loss / n_aux_grad_accum).backward()
             if (i + 1) % n_aux_grad_accum == 0 or i + 1 == len(minibatches):
-                nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
-                nn.utils.clip_grad_norm_(value_net.parameters(), max_grad_norm)
+                if max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_([*policy.parameters(), *value_net.parameters()], max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad()
     return {
@@ -488,10 +505,12 @@ if __name__ == "__main__":
 
             # 2. Advantages. Under NEXT_STEP autoreset the observation after an episode's last step is its true final
             # one (the autoreset step acts on it), so values[t + 1] bootstraps a truncation as it should.
-            rewards, terminated, truncated, reset_steps = storage.on_device()
+            rewards, terminations, truncations, reset_steps = storage.on_device()
             next_values = torch.cat([storage.values[1:], value_net(next_obs).unsqueeze(0)])
             values = storage.values
-            advantages = compute_gae(rewards, values, next_values, terminated, truncated, args.gamma, args.gae_lambda)
+            advantages = compute_gae(
+                rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
+            )
             returns = advantages + values
 
             b_obs = storage.obs.reshape((-1,) + tuple(obs_shape))
@@ -544,8 +563,8 @@ if __name__ == "__main__":
 
                 optimizer.zero_grad()
                 loss.backward()
-                nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
-                nn.utils.clip_grad_norm_(value_net.parameters(), args.max_grad_norm)
+                if args.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_([*policy.parameters(), *value_net.parameters()], args.max_grad_norm)
                 optimizer.step()
 
         # 4. Keep the rollout for the auxiliary phase; every --n-iteration iterations, run it
