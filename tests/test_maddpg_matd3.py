@@ -1,6 +1,8 @@
 """maddpg.py and matd3.py: the centralised critics' input in agent order on VMAS and MPE, the actor's
 joint action, target smoothing, the per-agent TD target, the critics and the replay buffer against the
-definitions; smoke runs on VMAS and MPE (team, per-agent and mean-agent returns, the saved model through
+definitions; each script's own loop run under tests/probe.py (stored rows, exploration, every critic and
+actor loss and optimiser step, the targets' Polyak averaging, the actor's delay, MATD3's smoothing noise);
+smoke runs on VMAS and MPE (team, per-agent and mean-agent returns, the saved model through
 cleanrl_utils.evaluate, refused by the other script); bad input, a replay buffer too large to fit;
 checkpoints without logging state, resume and SIGTERM."""
 
@@ -264,6 +266,281 @@ def test_buffer_stores_the_true_final_observation_and_wraps_around(algo):
     assert all(torch.equal(restored.fields[name], field) for name, field in fields.items())
 
 
+# --- the loop's own wiring ----------------------------------------------------------------------------
+# The script runs unchanged under tests/probe.py on probe/walk (tests/probe_multiagent_envs.py: three agents with
+# actions in [-1, 1]^2 whose worlds terminate and truncate every few steps). The probe copies what each iteration
+# acted on and got back, the replay buffer at the end, and at every backward() the batch and every network. The tests
+# replay the environment with the stored actions and recompute with plain code of their own: every critic loss (the
+# centralised critics on all agents' observations and actions, the target actors' next actions, MATD3's clipped
+# smoothing noise and twin min), every actor loss (agent i's action from the actor, the others' from the buffer),
+# each optimiser step as Adam on those losses, the Polyak-averaged targets, the actor's delay and the exploration.
+WIRING = ["--env-id", "probe/walk", "--num-envs", "4", "--total-timesteps", "200", "--learning-starts", "60"]
+WIRING += ["--buffer-size", "120", "--batch-size", "16", "--hidden-dim", "16", "--log-every", "5", "--gamma", "0.9"]
+WIRING += ["--actor-learning-rate", "1e-3", "--critic-learning-rate", "1e-3", "--tau", "0.05"]
+WIRING_EXTRA = {"maddpg": [], "matd3": ["--policy-noise", "0.5", "--noise-clip", "0.3"]}
+STEP_NAMES = ["obs", "actions", "rewards", "terminated", "final_obs"]
+NETWORKS = {
+    "maddpg": {"actor": "target_actor", "critic": "target_critic"},
+    "matd3": {"actor": "target_actor", "qf1": "qf1_target", "qf2": "qf2_target"},
+}
+GAMMA, TAU, LR = 0.9, 0.05, 1e-3
+
+
+@pytest.fixture(scope="module", params=["maddpg", "matd3"])
+def wiring(request, tmp_path_factory):
+    from probe import probe_script
+
+    algo = request.param
+    cwd = tmp_path_factory.mktemp(algo)
+    networks = [name for pair in NETWORKS[algo].items() for name in pair]
+    at_backward = ["batch", "actor_loss", *networks] + (["next_actions"] if algo == "matd3" else [])
+    trace = probe_script(
+        SCRIPTS[algo],
+        WIRING + WIRING_EXTRA[algo],
+        cwd,
+        watch=STEP_NAMES,
+        at_backward=at_backward,
+        final=["rb"],
+        preload=["probe_multiagent_envs"],
+    )
+    trace.algo, trace.cwd = algo, cwd
+    trace.loop = [entry for entry in trace.steps if entry["step"] > 0]  # one per iteration, after its env step
+    for update in trace.backward:  # the actor's backward is the one whose loss is actor_loss
+        update["kind"] = (
+            "actor" if "actor_loss" in update and torch.equal(update["loss"], update["actor_loss"]) else "critic"
+        )
+    return trace
+
+
+def plain_actor(weights: dict, obs: torch.Tensor) -> torch.Tensor:
+    """The shared actor on [own observation, one-hot id]: ReLU MLP, tanh, scaled to the bounds."""
+    x = torch.cat([obs, torch.eye(obs.shape[-2]).expand(*obs.shape[:-1], obs.shape[-2])], -1)
+    x = torch.relu(x @ weights["fc1.weight"].T + weights["fc1.bias"])
+    x = torch.relu(x @ weights["fc2.weight"].T + weights["fc2.bias"])
+    return (
+        torch.tanh(x @ weights["fc_mu.weight"].T + weights["fc_mu.bias"]) * weights["action_scale"]
+        + weights["action_bias"]
+    )
+
+
+def plain_critic(weights: dict, obs: torch.Tensor, joint: list[torch.Tensor]) -> torch.Tensor:
+    """Q_i for every agent i, [B, n_agents]: agent i's critic sees every agent's observation, then the joint action
+    joint[i] [B, n_agents, act_dim] (every agent's, in agent order), then i's one-hot id."""
+    n_agents = obs.shape[1]
+    values = []
+    for i in range(n_agents):
+        x = torch.cat([obs.flatten(1), joint[i].flatten(1), torch.eye(n_agents)[i].expand(len(obs), -1)], -1)
+        x = torch.relu(x @ weights["fc1.weight"].T + weights["fc1.bias"])
+        x = torch.relu(x @ weights["fc2.weight"].T + weights["fc2.bias"])
+        values.append((x @ weights["fc3.weight"].T + weights["fc3.bias"]).squeeze(-1))
+    return torch.stack(values, 1)
+
+
+def critic_target(trace, update: dict) -> torch.Tensor:
+    """y_i = r_i + gamma (1 - terminated) Q'_i(s', a'): the target actor's next actions (MATD3: the script's smoothed
+    ones, checked against the target actor separately) and the target critic (MATD3: the smaller of the two)."""
+    batch, n_agents = update["batch"], update["batch"]["obs"].shape[1]
+    if trace.algo == "maddpg":
+        next_actions = plain_actor(update["target_actor"], batch["next_obs"])
+        next_q = plain_critic(update["target_critic"], batch["next_obs"], [next_actions] * n_agents)
+    else:
+        next_actions = update["next_actions"]
+        next_q = torch.min(
+            plain_critic(update["qf1_target"], batch["next_obs"], [next_actions] * n_agents),
+            plain_critic(update["qf2_target"], batch["next_obs"], [next_actions] * n_agents),
+        )
+    return batch["rewards"] + GAMMA * (1 - batch["terminations"]).unsqueeze(-1) * next_q
+
+
+def critic_loss(trace, update: dict, weights: dict) -> torch.Tensor:
+    batch, n_agents = update["batch"], update["batch"]["obs"].shape[1]
+    with torch.no_grad():
+        target = critic_target(trace, update)
+    critics = ["critic"] if trace.algo == "maddpg" else ["qf1", "qf2"]
+    joint = [batch["actions"]] * n_agents
+    return sum(((plain_critic(weights[c], batch["obs"], joint) - target) ** 2).mean() for c in critics)
+
+
+def actor_loss(trace, update: dict, weights: dict) -> torch.Tensor:
+    """-mean over the batch and the agents i of Q_i(s, buffer actions with agent i's replaced by actor(o_i)), Q1's."""
+    batch, n_agents = update["batch"], update["batch"]["obs"].shape[1]
+    policy = plain_actor(weights, batch["obs"])
+    joint = []
+    for i in range(n_agents):
+        actions = [policy[:, j] if j == i else batch["actions"][:, j] for j in range(n_agents)]
+        joint.append(torch.stack(actions, 1))
+    return -plain_critic(update["critic" if trace.algo == "maddpg" else "qf1"], batch["obs"], joint).mean()
+
+
+def replayed(trace) -> list[dict]:
+    """What probe/walk returns for the actions the loop stored, replayed from the script's seed, step by step."""
+    from probe_multiagent_envs import make_walk
+
+    envs = make_walk(4, CPU, 1, True)
+    obs, steps = envs.reset(), []
+    for entry in trace.loop:
+        next_obs, rewards, terminated, truncated, final_obs, _ = envs.step(entry["actions"])
+        steps.append(dict(obs=obs, rewards=rewards, terminated=terminated, truncated=truncated, final_obs=final_obs))
+        obs = next_obs
+    return steps
+
+
+def test_the_loop_stores_each_world_s_transition_with_per_agent_rewards_and_terminations_only(wiring):
+    assert len(wiring.loop) == 50
+    replay = replayed(wiring)
+    for t, (entry, env) in enumerate(zip(wiring.loop, replay)):
+        assert torch.equal(entry["obs"], env["obs"]), f"step {t}: the observation acted on"
+        for name in ("rewards", "terminated", "final_obs"):
+            assert torch.equal(entry[name], env[name]), f"step {t}: {name}"
+    rb = wiring.final["rb"]
+    assert (rb["size"], rb["pos"]) == (120, 80)
+    ends = {"terminated": 0, "truncated only": 0}
+    for t in range(20, 50):  # the buffer holds the last 30 steps of the 4 worlds: rows (4 t + world) % 120
+        env, rows = replay[t], [(4 * t + world) % 120 for world in range(4)]
+        assert torch.equal(rb["obs"][rows], env["obs"]) and torch.equal(rb["actions"][rows], wiring.loop[t]["actions"])
+        assert torch.equal(rb["rewards"][rows], env["rewards"])  # each agent's own reward
+        assert torch.equal(rb["next_obs"][rows], env["final_obs"])  # the true final observation where one ended
+        assert rb["terminations"][rows].tolist() == env["terminated"].float().tolist()  # a truncation bootstraps
+        ends["terminated"] += int(env["terminated"].sum())
+        ends["truncated only"] += int((env["truncated"] & ~env["terminated"]).sum())
+    assert ends["terminated"] >= 5 and ends["truncated only"] >= 5, ends
+
+
+def test_random_actions_until_learning_starts_then_the_actor_plus_clipped_gaussian_noise(wiring):
+    noise = []
+    for entry in wiring.loop:
+        actions, acted_at = entry["actions"], entry["step"] - 4
+        assert actions.shape == (4, 3, 2) and actions.abs().max() <= 1
+        if acted_at < 60:
+            continue
+        # The actor's weights it acted with: those before this iteration's updates (its first backward's copy).
+        current = next(u for u in wiring.backward if u["step"] >= entry["step"])
+        with torch.no_grad():
+            mean = plain_actor(current["actor"], entry["obs"])
+        inside = actions.abs() < 1  # not clipped to the bounds
+        noise.append((actions - mean)[inside])
+    noise = torch.cat(noise)
+    assert len(noise) > 500 and abs(noise.mean().item()) < 0.02
+    assert 0.085 < noise.std().item() < 0.115  # --exploration-noise 0.1 times the half-range 1
+    first = wiring.loop[0]["actions"]
+    assert first.min() < -0.8 and first.max() > 0.8  # uniformly random before learning starts
+
+
+def test_critic_and_actor_updates_alternate_as_the_script_defines(wiring):
+    kinds = [update["kind"] for update in wiring.backward]
+    steps = [update["step"] for update in wiring.backward if update["kind"] == "critic"]
+    assert steps == list(range(60, 201, 4))  # one critic step per vector step once learning has started
+    if wiring.algo == "maddpg":
+        assert kinds == ["critic", "actor"] * 36
+    else:  # the actor (and the targets) every 2nd critic step, counted across vector steps
+        assert kinds == ["critic", "critic", "actor"] * 18
+
+
+def test_every_critic_loss_is_the_td_error_on_the_target_networks_and_every_step_is_adam_on_it(wiring):
+    updates = wiring.backward
+    transitions = set()
+    for entry, env in zip(wiring.loop, replayed(wiring)):
+        for world in range(4):
+            key = (env["obs"][world], entry["actions"][world], env["rewards"][world], env["final_obs"][world])
+            transitions.add(tuple(x.numpy().tobytes() for x in key) + (float(env["terminated"][world]),))
+    critics = [name for name in NETWORKS[wiring.algo] if name != "actor"]
+    params = {(c, name): torch.zeros_like(v, requires_grad=True) for c in critics for name, v in updates[0][c].items()}
+    adam = torch.optim.Adam(params.values(), lr=LR)
+    terminal = 0
+    for k, update in enumerate(updates):
+        if update["kind"] != "critic":
+            continue
+        batch = update["batch"]
+        for i in range(16):
+            key = tuple(batch[name][i].numpy().tobytes() for name in ("obs", "actions", "rewards", "next_obs"))
+            assert key + (batch["terminations"][i].item(),) in transitions, "a sampled row is not a real transition"
+        terminal += int(batch["terminations"].sum())
+        with torch.no_grad():
+            loss = critic_loss(wiring, update, {c: update[c] for c in critics})
+        assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-5), f"update {k}"
+        # The critic's optimiser step: Adam on this loss, from these weights.
+        with torch.no_grad():
+            for (c, name), param in params.items():
+                param.copy_(update[c][name])
+        adam.zero_grad()
+        critic_loss(wiring, update, {c: {n: params[(c, n)] for n in update[c]} for c in critics}).backward()
+        adam.step()
+        if k + 1 < len(updates):
+            for (c, name), param in params.items():
+                torch.testing.assert_close(param.detach(), updates[k + 1][c][name], rtol=1e-4, atol=1e-6)
+    assert terminal > 0, "some sampled transitions should end an episode"
+
+
+def test_every_actor_loss_uses_its_own_action_from_the_actor_and_every_step_is_adam_on_it(wiring):
+    updates = wiring.backward
+    params = {name: torch.zeros_like(v, requires_grad=True) for name, v in updates[0]["actor"].items()}
+    trained = [params[name] for name in params if not name.startswith("action_")]  # the scale and bias are buffers
+    adam = torch.optim.Adam(trained, lr=LR)
+    checked = 0
+    for k, update in enumerate(updates):
+        if update["kind"] != "actor":
+            continue
+        with torch.no_grad():
+            assert update["loss"].item() == pytest.approx(actor_loss(wiring, update, update["actor"]).item(), rel=1e-5)
+            for name, param in params.items():
+                param.copy_(update["actor"][name])
+        adam.zero_grad()
+        actor_loss(wiring, update, params).backward()  # gradients reach the actor through agent i's own action only
+        adam.step()
+        if k + 1 < len(updates):
+            for name, param in params.items():
+                torch.testing.assert_close(param.detach(), updates[k + 1]["actor"][name], rtol=1e-4, atol=1e-6)
+            checked += 1
+    assert checked >= 17
+
+
+def test_the_targets_follow_the_online_networks_by_polyak_averaging_after_each_actor_step(wiring):
+    updates = [u for u in wiring.backward if u["kind"] == "critic"]
+    pairs = NETWORKS[wiring.algo]
+    for online, target in pairs.items():  # the targets start as copies
+        for name, tensor in updates[0][target].items():
+            assert torch.equal(tensor, updates[0][online][name]), name
+    moved = 0
+    for k in range(1, len(updates)):
+        before, now = updates[k - 1], updates[k]
+        actor_steps = [u for u in wiring.backward if u["kind"] == "actor" and before["step"] <= u["step"] < now["step"]]
+        for online, target in pairs.items():
+            for name, tensor in now[target].items():
+                if actor_steps:  # target <- target + tau (online - target), with the online weights after the steps
+                    want = before[target][name] + TAU * (now[online][name] - before[target][name])
+                    torch.testing.assert_close(tensor, want, rtol=1e-5, atol=1e-7)
+                else:  # MATD3's delay: no actor step, no target update
+                    assert torch.equal(tensor, before[target][name])
+        moved += bool(actor_steps)
+    assert moved == (35 if wiring.algo == "maddpg" else 17)  # MATD3: after critic steps 2, 4, ..., 34 of 36
+
+
+def test_matd3_next_actions_are_the_target_actor_s_plus_clipped_smoothing_noise(wiring):
+    if wiring.algo != "matd3":
+        pytest.skip("MADDPG's next actions are the target actor's, checked with its critic loss")
+    noise = []
+    for update in wiring.backward:
+        if update["kind"] == "critic":
+            with torch.no_grad():
+                mean = plain_actor(update["target_actor"], update["batch"]["next_obs"])
+            inside = update["next_actions"].abs() < 1  # not clipped to the bounds
+            noise.append((update["next_actions"] - mean)[inside])
+    noise = torch.cat(noise)
+    assert noise.abs().max() <= 0.3 + 1e-6  # --noise-clip 0.3 (times the half-range 1)
+    at_clip = (noise.abs() > 0.3 - 1e-6).float().mean().item()
+    assert 0.45 < at_clip < 0.65  # P(|N(0, 0.5^2)| > 0.3) = 0.55
+    assert abs(noise.mean().item()) < 0.03 and (noise.abs() < 0.1).float().mean() > 0.1
+
+
+def test_the_probe_run_logs_the_losses_and_the_team_return(wiring):
+    (run_dir,) = run_dirs(wiring.cwd)
+    scalars = read_scalars(run_dir)
+    keys = [key for key in KEYS[wiring.algo] if key != "eval/episodic_return"]
+    assert_finite_keys(scalars, keys + [f"charts/episodic_return_agent{i}" for i in range(3)])
+    first_actor_step = 60 if wiring.algo == "maddpg" else 80  # logged every 20 steps; MATD3's first at step 64
+    assert [step for step, _ in scalars["losses/actor_loss"]] == list(range(first_actor_step, 201, 20))
+
+
 # --- bad input --------------------------------------------------------------------------------------
 
 
@@ -385,8 +662,8 @@ def smoke_flags(env_id: str, steps: int = 400) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
-@pytest.mark.parametrize("env_id", ["vmas/navigation", "mpe/simple_spread_v3"])
+# Each script on the simulator that its resume test below does not run (the loop itself is tested on probe/walk above).
+@pytest.mark.parametrize("algo, env_id", [("maddpg", "mpe/simple_spread_v3"), ("matd3", "vmas/navigation")])
 def test_smoke_writes_team_and_agent_returns_and_evaluates_the_saved_model(workdir, algo, env_id):
     result = run_script(SCRIPTS[algo], *smoke_flags(env_id), cwd=workdir)
     assert result.returncode == 0, result.stderr
