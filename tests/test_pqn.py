@@ -155,7 +155,7 @@ LOOP_FLAGS = ["--env-id", "ProbeWalk-v0", *TINY, "--gamma", "0.9", "--q-lambda",
 LOOP_FLAGS += ["--end-e", "0.3", "--total-timesteps", "640", "--save-model", "--eval-episodes", "2"]
 STEP_NAMES = ["next_obs", "action", "reward", "terminated", "truncated", "infos", "epsilon"]
 BATCH_NAMES = ["b_obs", "b_actions", "b_returns", "mb_inds", "q_network", "next_obs"]
-BATCH_NAMES += ["action", "reward", "infos", "bootstrap_final"]
+BATCH_NAMES += ["action", "reward", "infos"]
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +171,8 @@ def rollouts(trace, num_envs: int = 2, num_steps: int = 32) -> list[dict]:
     """Per iteration, what its loop saw: the observations acted on, the actions, what the env returned, epsilon, and
     the observation after the rollout. A watched entry is taken right after the step counter moves, before the env is
     stepped: the env's answer to a step shows in the next entry. A rollout's last answer shows at its first backward,
-    where `terminated` and `truncated` name the rollout's stored flags instead: there the episode ends come from
-    `infos` (an episode ended) and `bootstrap_final` (it was truncated, not terminated)."""
+    where `terminated` and `truncated` name the rollout's stored flags instead: there the episode ends are read from
+    the true final observations (ProbeWalk: position at +-3, terminated; 8 steps taken, truncated)."""
     entries = [entry for entry in trace.steps if entry["step"] > 0]
     updates = {}
     for update in trace.backward:
@@ -184,7 +184,11 @@ def rollouts(trace, num_envs: int = 2, num_steps: int = 32) -> list[dict]:
         answers = entries[i * num_steps + 1 : (i + 1) * num_steps]
         last = updates[step][0]
         ended = last["infos"].get("_final_obs", np.zeros(num_envs, dtype=bool))
-        last_answer = dict(terminated=ended & ~last["bootstrap_final"], truncated=last["bootstrap_final"])
+        final_obs = [last["infos"]["final_obs"][env] if ended[env] else np.zeros(3) for env in range(num_envs)]
+        last_answer = dict(
+            terminated=np.array([abs(obs[0]) >= 3 for obs in final_obs]) & ended,
+            truncated=np.array([obs[1] == 1.0 for obs in final_obs]) & ended,
+        )
         answers.append(last_answer | {name: last[name] for name in ("action", "reward", "infos")})
         found.append(
             dict(
