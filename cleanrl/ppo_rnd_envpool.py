@@ -437,15 +437,15 @@ if __name__ == "__main__":
 
             # 2. Advantages: the extrinsic stream is cut at episode ends, the intrinsic one never (its rewards are
             # normalised first). values[t + 1] after a game's last step is the true final observation's value.
-            rewards, terminated, truncated, reset_steps = storage.on_device()
+            rewards, terminations, truncations, reset_steps = storage.on_device()
             int_rewards = reward_normalizer(storage.int_rewards)
             next_ext_value, next_int_value = agent.get_values(next_obs)
             next_ext_values = torch.cat([storage.ext_values[1:], next_ext_value.unsqueeze(0)])
             next_int_values = torch.cat([storage.int_values[1:], next_int_value.unsqueeze(0)])
             ext_advantages = compute_gae(
-                rewards, storage.ext_values, next_ext_values, terminated, truncated, args.gamma, args.gae_lambda
+                rewards, storage.ext_values, next_ext_values, terminations, truncations, args.gamma, args.gae_lambda
             )
-            never = torch.zeros_like(terminated)
+            never = torch.zeros_like(terminations)
             int_advantages = compute_gae(
                 int_rewards, storage.int_values, next_int_values, never, never, args.int_gamma, args.gae_lambda
             )

@@ -1,5 +1,6 @@
 """ppo_rnd_envpool.py: the observation and reward normalisers against NumPy, GAE with two value heads (the intrinsic
-return never cut) against a plain loop, smoke run, bad input, SIGKILL + resume with the normalisers restored."""
+return never cut) against a plain loop, the loop's own wiring (its run is also the smoke test), bad input, SIGKILL +
+resume with the normalisers restored."""
 
 from __future__ import annotations
 
@@ -132,35 +133,306 @@ def test_bad_input_fails_in_one_line(workdir, flags, fragments):
     assert_bad_input(run_script("ppo_rnd_envpool.py", *flags, cwd=workdir), workdir, *fragments)
 
 
+# The loop's own wiring: the script runs unchanged under tests/probe.py on Breakout-v5 (lives to lose and points to
+# score within a few hundred steps), 2 envs x 64 steps, 3 iterations of 1 epoch x 2 minibatches. It copies what the env
+# returned at every step and, at every backward(), the networks (the RND model with its observation statistics), the
+# rollout storage, the advantages and the minibatch with the predictor's mask; the tests rebuild the intrinsic rewards,
+# their normalisation, both GAEs and every loss from those copies, relative to what the loop saw from the env (its
+# terminations, life losses and autoreset steps). The same run is the smoke test (TensorBoard keys, the saved model and
+# its evaluation).
+PROBE_FLAGS = ["--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2"]
+PROBE_FLAGS += ["--update-epochs", "1", "--num-iterations-obs-norm-init", "1", "--total-timesteps", "384"]
+PROBE_FLAGS += ["--save-model", "--eval-episodes", "1"]
+STREAM_NAMES = ["action", "reward", "terminated", "truncated", "infos", "next_obs_np"]
+UPDATE_NAMES = ["agent", "rnd_model", "storage", "next_obs", "iteration", "mb_inds", "mask", "int_rewards"]
+UPDATE_NAMES += ["ext_advantages", "int_advantages", "b_advantages", "ext_v_loss", "int_v_loss", "fwd_loss"]
+NUM_ENVS, NUM_STEPS, ITERATIONS = 2, 64, 3
+GAMMA, INT_GAMMA, GAE_LAMBDA = 0.999, 0.99, 0.95
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    from probe import probe_script
+
+    torch.set_num_threads(1)  # as the script runs (--torch-threads 1): more threads on a busy CPU are far slower
+    cwd = tmp_path_factory.mktemp("probe")
+    trace = probe_script(
+        "ppo_rnd_envpool.py", PROBE_FLAGS, cwd, watch=STREAM_NAMES, at_backward=UPDATE_NAMES, final=STREAM_NAMES
+    )
+    return trace, cwd
+
+
+def env_stream(trace) -> list[dict]:
+    """Per env step: the observation acted on, the action and what the env returned, with the training episode's end
+    as the loop should see it (a termination or a lost life) and whether the step was an autoreset step (the env's
+    previous step ended its episode). The watch sees each step's results at the next step; the last one at exit."""
+    entries = [entry for entry in trace.steps if entry["step"] > 0]
+    stream = []
+    for entry in entries[1:] + [trace.final]:
+        life_loss = entry["infos"].get("life_loss", np.zeros_like(entry["terminated"]))
+        stream.append(
+            dict(
+                action=entry["action"].numpy(),
+                reward=entry["reward"],
+                ended=entry["terminated"] | life_loss,
+                truncated=entry["truncated"],
+                game_or_episode_over=entry["terminated"] | entry["truncated"],
+                life_loss=life_loss,
+                next_obs=entry["next_obs_np"],
+            )
+        )
+    previous_obs = entries[0]["next_obs_np"]  # the first reset's observation
+    previous_over = np.zeros(NUM_ENVS, bool)
+    for step in stream:
+        step["obs"], step["reset"] = previous_obs, previous_over
+        previous_obs, previous_over = step["next_obs"], step["game_or_episode_over"]
+    return stream
+
+
+def rnd_outputs(rnd_state: dict, frames: torch.Tensor, stats: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The predictor's and the fixed target's features of uint8 frames [batch, 84, 84], normalised (clipped to
+    [-5, 5]) by the observation statistics `stats` (default: those in `rnd_state`)."""
+    rnd_model = ppo_rnd_envpool.RNDModel((84, 84))
+    rnd_model.load_state_dict(rnd_state)
+    stats = stats or rnd_state
+    x = ((frames.double() - stats["obs_rms.mean"]) / stats["obs_rms.var"].sqrt()).clamp(-5, 5).float().unsqueeze(1)
+    return rnd_model.predictor(x), rnd_model.target(x)
+
+
+def agent_heads(state: dict, obs: torch.Tensor):
+    """The policy and both values of uint8 observations: the agent sees raw pixels / 255, never the RND statistics."""
+    agent = ppo_rnd_envpool.Agent((4, 84, 84), 4)
+    agent.load_state_dict(state)
+    hidden = agent.network(obs.float() / 255.0)
+    features = agent.extra_layer(hidden) + hidden
+    pi = torch.distributions.Categorical(logits=agent.actor(hidden))
+    return pi, agent.critic_ext(features).squeeze(-1), agent.critic_int(features).squeeze(-1)
+
+
+def pooled_var(samples: np.ndarray) -> float:
+    """The variance of `samples` pooled with a prior of mean 0, variance 1 and weight 1e-4 (RunningMeanStd's start)."""
+    n = len(samples)
+    total = 1e-4 + n
+    return (1e-4 + n * samples.var() + samples.mean() ** 2 * 1e-4 * n / total) / total
+
+
+@pytest.fixture(scope="module")
+def references(probed) -> list[dict]:
+    """Per iteration, rebuilt from the env stream and the copies: rewards as extrinsic learning sees them, the raw and
+    the normalised intrinsic rewards, both values, both GAEs by plain loops, the transitions."""
+    trace, _ = probed
+    stream = env_stream(trace)
+    firsts = [next(u for u in trace.backward if u["iteration"] == i + 1) for i in range(ITERATIONS)]
+    raw_int = torch.cat([u["storage"]["int_rewards"] for u in firsts]).double().numpy()  # [all steps, envs]
+    # the intrinsic return's statistics: one discounted sum per env over the whole stream, never cut
+    sums, running = np.zeros_like(raw_int), np.zeros(NUM_ENVS)
+    for t in range(len(raw_int)):
+        running = running * INT_GAMMA + raw_int[t]
+        sums[t] = running
+    out = []
+    for i, update in enumerate(firsts):
+        rows = stream[i * NUM_STEPS : (i + 1) * NUM_STEPS]
+        obs = torch.from_numpy(np.stack([row["obs"] for row in rows]))
+        with torch.no_grad():
+            pi, ext_values, int_values = agent_heads(update["agent"], obs.flatten(0, 1))
+            _, last_ext, last_int = agent_heads(update["agent"], torch.from_numpy(rows[-1]["next_obs"]))
+        ext_values = ext_values.view(NUM_STEPS, NUM_ENVS).double().numpy()
+        int_values = int_values.view(NUM_STEPS, NUM_ENVS).double().numpy()
+        ext_rewards = np.sign(np.stack([row["reward"] for row in rows]))
+        ended = np.stack([row["ended"] for row in rows])
+        truncated = np.stack([row["truncated"] for row in rows])
+        int_raw = raw_int[i * NUM_STEPS : (i + 1) * NUM_STEPS]
+        int_rewards = int_raw / np.sqrt(pooled_var(sums[: (i + 1) * NUM_STEPS].reshape(-1)))
+        ext_adv, int_adv = np.zeros((NUM_STEPS, NUM_ENVS)), np.zeros((NUM_STEPS, NUM_ENVS))
+        for env in range(NUM_ENVS):
+            next_ext = np.append(ext_values[1:, env], last_ext[env].item())
+            next_int = np.append(int_values[1:, env], last_int[env].item())
+            ext_adv[:, env] = plain_gae(
+                ext_values[:, env], ext_rewards[:, env], ended[:, env], truncated[:, env], next_ext, GAMMA, GAE_LAMBDA
+            )
+            never = np.zeros(NUM_STEPS, bool)
+            int_adv[:, env] = plain_gae(
+                int_values[:, env], int_rewards[:, env], never, never, next_int, INT_GAMMA, GAE_LAMBDA
+            )
+        resets = np.stack([row["reset"] for row in rows])
+        actions = torch.from_numpy(np.stack([row["action"] for row in rows]))
+        out.append(
+            dict(
+                rows=rows,
+                obs=obs,
+                actions=actions,
+                log_probs=pi.log_prob(actions.reshape(-1)).view(NUM_STEPS, NUM_ENVS),
+                next_frames=torch.from_numpy(np.stack([row["next_obs"][:, -1] for row in rows])),
+                ext_rewards=ext_rewards,
+                ended=ended,
+                truncated=truncated,
+                int_raw=int_raw,
+                int_rewards=int_rewards,
+                ext_values=ext_values,
+                int_values=int_values,
+                ext_advantages=ext_adv,
+                int_advantages=int_adv,
+                transitions=np.flatnonzero(~resets.reshape(-1)),
+                resets=resets,
+            )
+        )
+    return out
+
+
+def iteration_updates(trace, i: int) -> list[dict]:
+    return [u for u in trace.backward if u["iteration"] == i + 1]
+
+
+def test_the_rollout_stores_the_stream_as_extrinsic_learning_sees_it(probed, references):
+    trace, _ = probed
+    for i, reference in enumerate(references):
+        storage = iteration_updates(trace, i)[0]["storage"]
+        assert torch.equal(storage["obs"], reference["obs"]), i
+        assert torch.equal(storage["actions"], reference["actions"]), i
+        # the RND input: the newest frame of the observation each step led to
+        assert torch.equal(storage["next_frames"], reference["next_frames"]), i
+        assert storage["rewards"].tolist() == reference["ext_rewards"].astype(np.float32).tolist(), i
+        assert storage["terminations"].tolist() == reference["ended"].astype(np.float32).tolist(), i
+        assert storage["truncations"].tolist() == reference["truncated"].astype(np.float32).tolist(), i
+        assert storage["resets"].tolist() == reference["resets"].tolist(), i
+        torch.testing.assert_close(storage["logprobs"], reference["log_probs"], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(storage["ext_values"].numpy(), reference["ext_values"], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(storage["int_values"].numpy(), reference["int_values"], atol=1e-5, rtol=1e-5)
+    stream = env_stream(trace)
+    lives_lost = sum(int(step["life_loss"].sum()) for step in stream)
+    points = sum(int((step["reward"] != 0).sum()) for step in stream)
+    assert lives_lost >= 2 and points >= 1, (lives_lost, points)  # something for the extrinsic stream to cut and score
+
+
+def test_intrinsic_rewards_are_the_predictors_error_on_the_next_frame_under_the_statistics_before_the_rollout(
+    probed, references
+):
+    trace, _ = probed
+    # Iterations 2 and 3: the rollout's statistics are those the previous iteration's update had (the first
+    # rollout's come from random play, which no copy holds).
+    for i in (1, 2):
+        update, before = iteration_updates(trace, i)[0], iteration_updates(trace, i - 1)[0]
+        with torch.no_grad():
+            predicted, target = rnd_outputs(
+                update["rnd_model"], references[i]["next_frames"].flatten(0, 1), before["rnd_model"]
+            )
+        novelty = ((predicted - target) ** 2).sum(-1) / 2
+        torch.testing.assert_close(update["storage"]["int_rewards"].reshape(-1), novelty, rtol=1e-4, atol=1e-6)
+
+
+def test_the_observation_statistics_take_in_each_rollouts_next_frames_before_its_update(probed, references):
+    trace, _ = probed
+    for i in (1, 2):
+        before, after = (iteration_updates(trace, k)[0]["rnd_model"] for k in (i - 1, i))
+        frames = references[i]["next_frames"].reshape(-1, 84, 84).double()
+        n, count = len(frames), before["obs_rms.count"]
+        total = count + n
+        delta = frames.mean(0) - before["obs_rms.mean"]
+        mean = before["obs_rms.mean"] + delta * n / total
+        var = (before["obs_rms.var"] * count + frames.var(0, unbiased=False) * n + delta**2 * count * n / total) / total
+        assert after["obs_rms.count"].item() == pytest.approx(total.item())
+        torch.testing.assert_close(after["obs_rms.mean"], mean)
+        torch.testing.assert_close(after["obs_rms.var"], var)
+    # the target network is fixed, the predictor learns
+    first, last = trace.backward[0]["rnd_model"], trace.backward[-1]["rnd_model"]
+    assert all(torch.equal(first[k], last[k]) for k in first if k.startswith("target."))
+    assert not all(torch.equal(first[k], last[k]) for k in first if k.startswith("predictor."))
+
+
+def test_the_intrinsic_return_is_normalised_by_its_running_std_and_never_cut_the_extrinsic_one_is(probed, references):
+    trace, _ = probed
+    for i, reference in enumerate(references):
+        keep = reference["transitions"]
+        for update in iteration_updates(trace, i):
+            np.testing.assert_allclose(update["int_rewards"].numpy(), reference["int_rewards"], rtol=1e-5)
+            ext = update["ext_advantages"].numpy().reshape(-1)[keep]
+            np.testing.assert_allclose(ext, reference["ext_advantages"].reshape(-1)[keep], atol=1e-4, rtol=1e-4)
+            # every step of the intrinsic stream, the autoreset steps included, flows into the one before
+            np.testing.assert_allclose(
+                update["int_advantages"].numpy(), reference["int_advantages"], atol=1e-4, rtol=1e-4
+            )
+            combined = 2.0 * reference["ext_advantages"] + reference["int_advantages"]
+            np.testing.assert_allclose(
+                update["b_advantages"].numpy()[keep], combined.reshape(-1)[keep], atol=2e-4, rtol=1e-4
+            )
+            assert set(update["mb_inds"].tolist()) <= set(keep.tolist())  # no autoreset step in a minibatch
+    # the intrinsic GAE crossed at least one training episode's end that the extrinsic one stopped at
+    assert sum(int(r["ended"][:-1].sum()) for r in references) >= 1
+
+
+def test_every_loss_is_ppo_with_two_value_heads_plus_the_predictors_loss_on_its_share_of_the_minibatch(
+    probed, references
+):
+    trace, _ = probed
+    assert len(trace.backward) == ITERATIONS * 2
+    masks = []
+    for update in trace.backward:
+        reference, mb = references[update["iteration"] - 1], update["mb_inds"]
+        flat = lambda x: torch.as_tensor(np.asarray(x)).reshape(-1)[mb].float()  # noqa: E731
+        advantages = 2.0 * flat(reference["ext_advantages"]) + flat(reference["int_advantages"])
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        ext_returns = flat(reference["ext_advantages"]) + flat(reference["ext_values"])
+        int_returns = flat(reference["int_advantages"]) + flat(reference["int_values"])
+        old_ext = flat(reference["ext_values"])
+        with torch.no_grad():
+            pi, ext_values, int_values = agent_heads(update["agent"], reference["obs"].flatten(0, 1)[mb])
+            predicted, target = rnd_outputs(update["rnd_model"], reference["next_frames"].flatten(0, 1)[mb])
+        ratio = (pi.log_prob(reference["actions"].reshape(-1)[mb]) - reference["log_probs"].reshape(-1)[mb]).exp()
+        pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(0.9, 1.1)).mean()
+        clipped = old_ext + (ext_values - old_ext).clamp(-0.1, 0.1)
+        ext_v_loss = 0.5 * torch.max((ext_values - ext_returns) ** 2, (clipped - ext_returns) ** 2).mean()
+        int_v_loss = 0.5 * ((int_values - int_returns) ** 2).mean()
+        mask = update["mask"]
+        fwd_loss = (((predicted - target) ** 2).mean(-1) * mask).sum() / mask.sum().clamp(min=1)
+        loss = pg_loss - 0.001 * pi.entropy().mean() + 0.5 * (ext_v_loss + int_v_loss) + fwd_loss
+        assert update["ext_v_loss"].item() == pytest.approx(ext_v_loss.item(), rel=1e-4, abs=1e-7)
+        assert update["int_v_loss"].item() == pytest.approx(int_v_loss.item(), rel=1e-4, abs=1e-7)
+        assert update["fwd_loss"].item() == pytest.approx(fwd_loss.item(), rel=1e-4, abs=1e-7)
+        assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-4, abs=1e-6), update["step"]
+        assert len(mask) == len(mb)
+        masks.append(mask)
+    # the predictor trains on a random --update-proportion (0.25) of each minibatch
+    assert 0.17 < torch.cat(masks).mean().item() < 0.33
+
+
+def test_the_probed_run_writes_finite_scalars_and_evaluates_saved_model(probed):
+    trace, cwd = probed
+    assert "mean intrinsic reward" in trace.stdout
+    (run_dir,) = run_dirs(cwd)
+    assert_finite_keys(read_scalars(run_dir), KEYS + ["eval/episodic_return"])
+    model = torch.load(run_dir / "ppo_rnd_envpool.cleanrl_model", weights_only=False)
+    # 1 random-play rollout initialised the observation normaliser, then 3 rollouts of 2 x 64 frames each
+    assert model["rnd_model"]["obs_rms.count"].item() == pytest.approx(1e-4 + 4 * 128)
+
+
+# Last: the slowest (three runs), so that a planted bug the loop's tests catch fails fast.
 def test_sigkill_then_resume_restores_the_normalisers_and_continues_the_curve(tmp_path):
     flags = [*TINY, "--total-timesteps", "256", "--checkpoint-every", "128"]
     (tmp_path / "straight").mkdir()
     (tmp_path / "killed").mkdir()
-    straight = run_script(
-        "ppo_rnd_envpool.py", *flags, "--save-model", "--eval-episodes", "1", cwd=tmp_path / "straight"
-    )
+    straight = run_script("ppo_rnd_envpool.py", *flags, cwd=tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr
-    assert "mean intrinsic reward" in straight.stdout
     (straight_dir,) = run_dirs(tmp_path / "straight")
     straight_scalars = read_scalars(straight_dir)
-    assert_finite_keys(straight_scalars, KEYS + ["eval/episodic_return"])
-    model = torch.load(straight_dir / "ppo_rnd_envpool.cleanrl_model", weights_only=False)
+    final = torch.load(straight_dir / "checkpoint.pt", weights_only=False)  # the last one: at step 256
     # 2 random-play rollouts initialise the normaliser, then 4 rollouts of 2 x 32 frames each
-    assert model["rnd_model"]["obs_rms.count"].item() == pytest.approx(1e-4 + 6 * 64)
-    assert model["rnd_model"]["obs_rms.mean"].abs().sum() > 0
+    assert final["global_step"] == 256 and final["rnd_model"]["obs_rms.count"].item() == pytest.approx(1e-4 + 6 * 64)
+    assert final["rnd_model"]["obs_rms.mean"].abs().sum() > 0
 
     run_dir = kill_at_first_checkpoint("ppo_rnd_envpool.py", flags, tmp_path / "killed")
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert checkpoint["global_step"] == 128 and checkpoint["envs"] is None
     assert checkpoint["rnd_model"]["obs_rms.count"].item() == pytest.approx(1e-4 + 4 * 64)
     assert checkpoint["reward_normalizer"]["rms.count"].item() == pytest.approx(1e-4 + 2 * 64)
-    resume = ["--resume", str(run_dir / "checkpoint.pt"), "--save-model", "--eval-episodes", "1"]
-    resumed = run_script("ppo_rnd_envpool.py", *flags, *resume, cwd=tmp_path / "killed")
+    resumed = run_script(
+        "ppo_rnd_envpool.py", *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path / "killed"
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "freshly reset" in resumed.stdout
-    resumed_model = torch.load(run_dir / "ppo_rnd_envpool.cleanrl_model", weights_only=False)
+    resumed_final = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     # the normalisers went on from the checkpoint (no second random-play initialisation)
-    assert resumed_model["rnd_model"]["obs_rms.count"].item() == pytest.approx(1e-4 + 6 * 64)
+    assert resumed_final["global_step"] == 256
+    assert resumed_final["rnd_model"]["obs_rms.count"].item() == pytest.approx(1e-4 + 6 * 64)
     losses = read_scalars(run_dir)["losses/fwd_loss"]
     assert [step for step, _ in losses] == [64, 128, 192, 256]
     assert losses[:2] == straight_scalars["losses/fwd_loss"][:2]
