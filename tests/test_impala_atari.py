@@ -33,7 +33,14 @@ def cluster():
     """A local Ray cluster for the module; its workers import the scripts (cleanrl/) and cleanrl_utils."""
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "cleanrl"), str(ROOT), saved or ""])
-    context = ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    for attempt in range(3):  # Ray waits a fixed 30 s for its raylet: a busy CI machine can take longer
+        try:
+            context = ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+            break
+        except Exception as error:
+            if "timed out during startup" not in str(error) or attempt == 2:
+                raise
+            ray.shutdown()
     yield context.address_info["gcs_address"]
     ray.shutdown()
     if saved is None:
