@@ -7,7 +7,8 @@
     trace.final["rb"]            # the replay buffer as the run left it
 
 The script runs unchanged, as `python cleanrl/<script> <flags>` would run it, in a subprocess of its own (this file is
-that subprocess's driver: `python tests/probe.py SPEC`). Two observers are installed before it starts:
+that subprocess's driver: `python tests/probe.py SPEC`; with `nproc`, torchrun starts that many of them, the ranks of
+one distributed run, each observed and saved on its own). Two observers are installed before it starts:
 
 - `watch`: a line tracer on the script's frames (the module-level main block, and functions named in `functions`)
   copies the watched names every time the step counter (`step_name`, by default `global_step`) takes a new value:
@@ -48,6 +49,7 @@ class Trace:
     steps: list  # one dict per change of the step counter: "step" and the watched names
     backward: list  # one dict per backward() call: "loss", "where", "step" and the names asked for
     final: dict  # name -> value at the end
+    ranks: list = dataclasses.field(default_factory=list)  # with nproc (torchrun): every rank's Trace, rank 0's first
 
 
 def probe_script(
@@ -64,9 +66,12 @@ def probe_script(
     env: dict | None = None,
     timeout: float = 300,
     check: bool = True,
+    nproc: int = 0,
 ) -> Trace:
     """Run cleanrl/<script> with `flags` in `cwd` under the observers above and return what they saw. `preload`:
-    modules (from tests/) imported first in the script's process, e.g. one that registers a test environment."""
+    modules (from tests/) imported first in the script's process, e.g. one that registers a test environment.
+    `nproc` > 0: run it under torchrun (--standalone) as that many ranks, each observed alike; the Trace returned is
+    rank 0's, and its `ranks` holds every rank's."""
     import torch
     from conftest import script_env
 
@@ -81,11 +86,13 @@ def probe_script(
             step_name=step_name,
             preload=list(preload),
             output=str(Path(scratch) / "trace.pt"),
+            per_rank=nproc > 0,
         )
         spec_path = Path(scratch) / "spec.json"
         spec_path.write_text(json.dumps(spec))
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
         result = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), str(spec_path)],
+            [*(launcher if nproc else [sys.executable]), str(Path(__file__).resolve()), str(spec_path)],
             cwd=cwd,
             env=env or script_env(),
             capture_output=True,
@@ -94,15 +101,21 @@ def probe_script(
         )
         if check:
             assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-        saved = torch.load(spec["output"], weights_only=False) if Path(spec["output"]).exists() else {}
-    return Trace(
-        returncode=result.returncode,
-        stdout=result.stdout,
-        stderr=result.stderr,
-        steps=saved.get("steps", []),
-        backward=saved.get("backward", []),
-        final=saved.get("final", {}),
-    )
+        outputs = [f"{spec['output']}.{rank}" for rank in range(nproc)] if nproc else [spec["output"]]
+        traces = []
+        for output in outputs:
+            saved = torch.load(output, weights_only=False) if Path(output).exists() else {}
+            traces.append(
+                Trace(
+                    returncode=result.returncode,
+                    stdout=result.stdout,
+                    stderr=result.stderr,
+                    steps=saved.get("steps", []),
+                    backward=saved.get("backward", []),
+                    final=saved.get("final", {}),
+                )
+            )
+    return dataclasses.replace(traces[0], ranks=traces) if nproc else traces[0]
 
 
 def copy_value(value, depth: int = 0):
@@ -235,7 +248,7 @@ def drive(spec_path: str) -> None:
     def save() -> None:
         found = module_globals.get("globals", {})
         seen["final"] = {name: copy_value(found[name]) for name in spec["final"] if name in found}
-        torch.save(seen, spec["output"])
+        torch.save(seen, spec["output"] + (f".{os.environ['RANK']}" if spec.get("per_rank") else ""))
 
     for module in spec.get("preload", []):  # tests/ is this driver's folder, first on sys.path
         importlib.import_module(module)
