@@ -280,8 +280,8 @@ def test_sigkill_then_resume_on_minatar_reproduces_the_uninterrupted_run(straigh
 # tests/probe.py copies what the loop saw at every step and what every loss was computed from; the tests rebuild the
 # stored rollout, the Q(lambda) returns and the losses from those copies. Breakout (it has lives; acting at random) for
 # what is stored, MinAtar (above) for the updates.
-BREAKOUT_FLAGS = ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--num-steps", "100", "--end-e", "1"]
-BREAKOUT_FLAGS += ["--num-minibatches", "1", "--update-epochs", "1", "--total-timesteps", "1200"]
+BREAKOUT_FLAGS = ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--num-steps", "50", "--end-e", "1"]
+BREAKOUT_FLAGS += ["--num-minibatches", "1", "--update-epochs", "1", "--total-timesteps", "600"]
 
 
 @pytest.fixture(scope="module")
@@ -318,9 +318,8 @@ def rollouts(trace, num_envs: int, num_steps: int) -> list[dict]:
     return found
 
 
-def test_the_rollout_stores_each_step_with_clipped_rewards_life_losses_and_autoreset_steps(breakout_loop):
-    found = rollouts(breakout_loop, 2, 100)
-    assert len(found) == 6
+def check_stored_rollouts(found: list[dict]) -> dict:
+    """Each iteration's stored rollout against what its loop saw; returns how many lives, resets and rewards it held."""
     counts = dict(lives=0, resets=0, rewards=0)
     for rollout in found:
         storage = rollout["update"]["storage"]
@@ -333,7 +332,20 @@ def test_the_rollout_stores_each_step_with_clipped_rewards_life_losses_and_autor
         counts["lives"] += int(rollout["life_loss"].sum())
         counts["resets"] += int(rollout["resets"].sum())
         counts["rewards"] += int((rollout["reward"] != 0).sum())
-    assert counts["lives"] >= 4 and counts["resets"] >= 2 and counts["rewards"] >= 2, counts
+    return counts
+
+
+def test_the_rollout_stores_each_step_with_clipped_rewards_and_life_losses_as_terminations(breakout_loop):
+    found = rollouts(breakout_loop, 2, 50)
+    assert len(found) == 6
+    counts = check_stored_rollouts(found)
+    assert counts["lives"] >= 2 and counts["rewards"] >= 2, counts
+
+
+def test_the_rollout_stores_game_ends_and_marks_the_autoreset_steps_after_them(straight_minatar_run):
+    found = rollouts(straight_minatar_run[0], 4, 32)
+    counts = check_stored_rollouts(found)
+    assert counts["resets"] >= 5 and counts["rewards"] >= 5, counts
 
 
 def reference_rollout_returns(rollout: dict, q_network, after_obs, gamma: float, q_lambda: float) -> np.ndarray:
