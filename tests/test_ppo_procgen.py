@@ -123,27 +123,6 @@ def test_bad_input_fails_in_one_line(workdir, flags, fragments):
     assert_bad_input(run_script("ppo_procgen.py", *flags, cwd=workdir), workdir, *fragments)
 
 
-def test_sigkill_then_resume_continues_the_curve_with_fresh_episodes(tmp_path):
-    flags = [*TINY, "--num-steps", "16", "--total-timesteps", "256", "--checkpoint-every", "64"]
-    (tmp_path / "straight").mkdir()
-    (tmp_path / "killed").mkdir()
-    straight = run_script("ppo_procgen.py", *flags, cwd=tmp_path / "straight")
-    assert straight.returncode == 0, straight.stderr
-    run_dir = kill_at_first_checkpoint("ppo_procgen.py", flags, tmp_path / "killed")
-    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert checkpoint["global_step"] == 64 and checkpoint["reward_scaler"]["count"] > 1
-    resumed = run_script("ppo_procgen.py", *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path / "killed")
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming with fresh episodes" in resumed.stdout
-    resumed_scalars, straight_scalars = read_scalars(run_dir), read_scalars(run_dirs(tmp_path / "straight")[0])
-    for key in ["losses/value_loss", "losses/policy_loss", "losses/entropy"]:
-        steps = [step for step, _ in resumed_scalars[key]]
-        assert steps == list(range(32, 257, 32)), key  # one point per iteration, none lost or repeated
-        # Up to the checkpoint the runs are the same run (seeded envpool, the CPU); afterwards the episodes differ.
-        assert resumed_scalars[key][:2] == straight_scalars[key][:2], key
-        assert resumed_scalars[key][2:] != straight_scalars[key][2:], key
-
-
 # The loop's own wiring: the script runs unchanged under tests/probe.py, which copies what the env returned at every
 # step and, at every backward(), the rollout storage, the network and the minibatch; the tests rebuild the scaled
 # rewards, the advantages and every loss from those copies. The same run is the smoke test (TensorBoard keys, a video,
@@ -360,3 +339,25 @@ def test_the_probed_run_writes_finite_scalars_at_a_constant_learning_rate_and_ev
     assert list((run_dir / "videos").rglob("*.mp4"))
     model = torch.load(run_dir / "ppo_procgen.cleanrl_model", weights_only=False)
     assert model["script"] == "ppo_procgen" and model["reward_scaler"]["count"] > 1
+
+
+# Last: the slowest (three runs), so that a planted bug the loop's tests catch fails fast.
+def test_sigkill_then_resume_continues_the_curve_with_fresh_episodes(tmp_path):
+    flags = [*TINY, "--num-steps", "16", "--total-timesteps", "256", "--checkpoint-every", "64"]
+    (tmp_path / "straight").mkdir()
+    (tmp_path / "killed").mkdir()
+    straight = run_script("ppo_procgen.py", *flags, cwd=tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+    run_dir = kill_at_first_checkpoint("ppo_procgen.py", flags, tmp_path / "killed")
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert checkpoint["global_step"] == 64 and checkpoint["reward_scaler"]["count"] > 1
+    resumed = run_script("ppo_procgen.py", *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path / "killed")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming with fresh episodes" in resumed.stdout
+    resumed_scalars, straight_scalars = read_scalars(run_dir), read_scalars(run_dirs(tmp_path / "straight")[0])
+    for key in ["losses/value_loss", "losses/policy_loss", "losses/entropy"]:
+        steps = [step for step, _ in resumed_scalars[key]]
+        assert steps == list(range(32, 257, 32)), key  # one point per iteration, none lost or repeated
+        # Up to the checkpoint the runs are the same run (seeded envpool, the CPU); afterwards the episodes differ.
+        assert resumed_scalars[key][:2] == straight_scalars[key][:2], key
+        assert resumed_scalars[key][2:] != straight_scalars[key][2:], key
