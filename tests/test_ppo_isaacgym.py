@@ -1,20 +1,22 @@
-"""ppo_isaacgym.py: the five MuJoCo Warp tasks against gymnasium's v5 tasks (Ant and Hopper over
-100 steps, the others over 10; the step and the first observation after an automatic reset), smoke
-runs on both simulators (Isaac Gym through the test double in tests/isaacgym_double.py), bad input,
-evaluation, and SIGTERM + resume reproducing the uninterrupted run.
+"""ppo_isaacgym.py: its own loop on MuJoCo Warp under tests/probe.py (no host reads in the rollout or the update,
+storage and statistics against the stream, GAE with truncations, every minibatch's loss); the five MuJoCo Warp tasks
+against gymnasium's v5 tasks (Ant and Hopper over 100 steps, the others over 10; the step and the first observation
+after an automatic reset), smoke runs on both simulators (Isaac Gym through the test double in
+tests/isaacgym_double.py), bad input, evaluation, and SIGTERM + resume reproducing the uninterrupted run.
 
-MuJoCo Warp compiles its kernels on first use (cached in ~/.cache/warp): a cold cache adds
-a minute or two to the first test that steps a task.
-"""
+MuJoCo Warp compiles its kernels on first use (cached in ~/.cache/warp): a cold cache adds a minute or two to the
+first test that steps a task."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import continuous_reference as plain
 import gymnasium as gym
 import isaacgym_double
 import mujoco
@@ -43,6 +45,145 @@ PPO_KEYS = ["charts/episodic_return", "charts/episodic_length", *LOSS_KEYS]
 
 def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# --- the loop's own wiring, on MuJoCo Warp ---------------------------------------------------------------
+# The script runs unchanged under tests/probe.py, resumed from the uninterrupted Hopper run's last checkpoint (step
+# 512) for 2 more iterations, with every world's step count set to 996 so that those that stay up are truncated by
+# the 1000-step limit 4 steps in (others terminate by falling): both ends in 32 steps of 8 tiny worlds. The tests
+# rebuild what the loop stored and computed from the copies with plain references (tests/continuous_reference.py),
+# and check from the host reads it made (tests/probe_host_reads.py) that its rollout and update stay on the device.
+PROBE_WATCH = ["next_obs", "obs_rms", "iteration", "action", "raw_obs", "reward", "terminated", "truncated", "info"]
+PROBE_RESULTS = ("action", "raw_obs", "reward", "terminated", "truncated", "info")
+PROBE_AT_BACKWARD = ["mb", "agent", "batch", "obs", "actions", "rewards", "terminations", "truncations", "final_obs"]
+PROBE_AT_BACKWARD += ["iteration", "epoch"]
+ROLLOUT_FUNCTIONS = {"update_minibatch", "compute_gae", "step", "_simulate", "_position", "_observe", "_healthy"}
+ROLLOUT_FUNCTIONS |= {"_reset_worlds", "_observe_after_reset", "sample_action", "log_prob", "get_value", "normalize"}
+ROLLOUT_FUNCTIONS |= {"update"}  # RunningMeanStd.update
+
+
+@pytest.fixture(scope="module")
+def probed(hopper_run, tmp_path_factory):
+    return probe_resumed(hopper_run[0], tmp_path_factory.mktemp("probe"))
+
+
+def probe_resumed(straight_dir: Path, cwd: Path):
+    """The probed run (see above) in `cwd`, resumed from a copy of `straight_dir`'s last checkpoint; its trace and
+    its host reads (line, function, method)."""
+    from probe import probe_script
+
+    run_dir = cwd / "runs" / straight_dir.name
+    shutil.copytree(straight_dir, run_dir)
+    checkpoint = load(run_dir / "checkpoint.pt")
+    assert checkpoint["global_step"] == 512 and checkpoint["iteration"] == 4
+    checkpoint["args"].update(total_timesteps=768, num_iterations=6)
+    checkpoint["envs"]["elapsed"].fill_(996)  # 4 steps from gymnasium's time limit
+    torch.save(checkpoint, run_dir / "checkpoint.pt")
+    flags = [*HOPPER_FLAGS[:-4], "--total-timesteps", "768", "--resume", str(run_dir / "checkpoint.pt")]
+    host_reads = cwd / "host_reads.txt"
+    trace = probe_script(
+        SCRIPT,
+        flags,
+        cwd,
+        watch=PROBE_WATCH,
+        at_backward=PROBE_AT_BACKWARD,
+        final=[*PROBE_RESULTS, "next_obs", "obs_rms"],
+        preload=["probe_host_reads"],
+        env=script_env(PROBE_HOST_READS=str(host_reads)),
+        timeout=600,
+    )
+    reads = host_reads.read_text().split("\n") if host_reads.exists() else []
+    return trace, [line.split() for line in reads if line]
+
+
+def test_the_rollout_and_the_update_stay_on_the_device(probed):
+    trace, host_reads = probed
+    stream = plain.rollout_stream(trace, 16, PROBE_RESULTS, start_step=512)
+    assert len(stream) == 32
+    for step in stream:  # the simulator's outputs are tensors where the agent's parameters are, never arrays
+        values = [step[name] for name in PROBE_RESULTS[:-1]] + list(step["info"].values())
+        assert all(isinstance(value, torch.Tensor) and value.device.type == "cpu" for value in values)
+    source = (ROOT / "cleanrl" / SCRIPT).read_text().splitlines()
+    collect = next(i for i, line in enumerate(source, 1) if "# 1. Collect a rollout" in line)
+    log = next(i for i, line in enumerate(source, 1) if "# 4. Log" in line)
+    in_loop = [read for read in host_reads if read[1] in ROLLOUT_FUNCTIONS or collect <= int(read[0]) < log]
+    assert not in_loop, f"host reads in the rollout or the update (line, function, method): {in_loop}"
+    assert any(read[2] == "tolist" for read in host_reads)  # the recorder works: the logging's read is seen
+
+
+def test_storage_and_normalisation_follow_the_stream_and_the_final_observation_stays_out_of_the_statistics(probed):
+    trace, _ = probed
+    stream = plain.rollout_stream(trace, 16, PROBE_RESULTS, start_step=512)
+    for k, step in enumerate(stream):
+        stats = plain.rms_state(stream[k + 1]["obs_rms"] if k + 1 < len(stream) else trace.final["obs_rms"])
+        before = plain.rms_state(step["obs_rms"])
+        expected = plain.merge_statistics(before, step["raw_obs"].double().numpy())  # the new observations only
+        np.testing.assert_allclose(stats["mean"], expected["mean"], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(stats["var"], expected["var"], rtol=1e-9, atol=1e-12)
+        assert stats["count"] == pytest.approx(expected["count"])
+        following = stream[k + 1]["obs"] if k + 1 < len(stream) else trace.final["next_obs"]
+        np.testing.assert_allclose(
+            following.numpy(), plain.normalise(step["raw_obs"], stats, 10.0), rtol=1e-5, atol=1e-5
+        )
+    ends = {"terminated": 0, "truncated": 0}
+    for iteration in (5, 6):
+        first = next(entry for entry in trace.backward if entry["iteration"] == iteration)
+        z = []
+        for step in (step for step in stream if step["iteration"] == iteration):
+            s = step["step"]
+            k = (iteration - 5) * 16 + s
+            assert torch.equal(first["obs"][s], step["obs"]) and torch.equal(first["actions"][s], step["action"])
+            assert torch.equal(first["rewards"][s], step["reward"])  # --reward-scaler 1
+            assert torch.equal(first["terminations"][s], step["terminated"].float())
+            assert torch.equal(first["truncations"][s], step["truncated"].float())
+            stats = plain.rms_state(stream[k + 1]["obs_rms"] if k + 1 < len(stream) else trace.final["obs_rms"])
+            final = plain.normalise(step["info"]["final_obs"], stats, 10.0)
+            np.testing.assert_allclose(first["final_obs"][s].numpy(), final, rtol=1e-5, atol=1e-5)
+            with torch.no_grad():  # a sample of the rollout's policy
+                mean, log_std = plain.gaussian_policy(first["agent"], step["obs"])
+            z.append((step["action"].double() - mean) / log_std.exp())
+            ends["terminated"] += int(step["terminated"].sum())
+            ends["truncated"] += int((step["truncated"] & ~step["terminated"]).sum())
+        z = torch.cat(z)
+        assert z.std().item() == pytest.approx(1.0, abs=0.12) and abs(z.mean().item()) < 0.15
+    assert ends["terminated"] >= 3 and ends["truncated"] >= 3, ends
+
+
+def test_gae_bootstraps_truncations_from_the_final_observation_and_each_minibatch_steps_on_its_loss(probed):
+    trace, _ = probed
+    for iteration in (5, 6):
+        updates = [entry for entry in trace.backward if entry["iteration"] == iteration]
+        first, where = updates[0], f"iteration {iteration}"
+        agent, batch = first["agent"], first["batch"]
+        with torch.no_grad():
+            values = plain.state_value(agent, first["obs"])
+            # After the rollout's last step: the next rollout's first observation, or where the run ended.
+            following = [entry for entry in trace.backward if entry["iteration"] == iteration + 1]
+            last_obs = following[0]["obs"][0] if following else trace.final["next_obs"]
+            next_obs = torch.cat([first["obs"][1:], last_obs[None]])
+            next_values = plain.state_value(agent, next_obs)
+            final_values = plain.state_value(agent, first["final_obs"])
+        terminations, truncations = first["terminations"].double(), first["truncations"].double()
+        next_values = torch.where(truncations > 0, final_values, next_values)  # where the time limit cut
+        advantages = reference_gae(
+            *(x.tolist() for x in (first["rewards"].double(), values, next_values, terminations, truncations)),
+            0.99,
+            0.95,
+        )
+        advantages = torch.tensor(advantages, dtype=torch.float64)
+        torch.testing.assert_close(batch["advantages"].double(), advantages.reshape(-1), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(batch["returns"].double(), (advantages + values).reshape(-1), rtol=1e-4, atol=1e-4)
+        row_of = {tuple(o.tolist()): i for i, o in enumerate(batch["obs"])}
+        for entry in updates:
+            mb = entry["mb"]
+            rows = [row_of[tuple(o.tolist())] for o in mb["obs"]]
+            assert all(torch.equal(mb[field], batch[field][rows]) for field in ("actions", "advantages", "returns")), (
+                where
+            )
+            normalised = (mb["advantages"] - mb["advantages"].mean()) / (mb["advantages"].std() + 1e-8)
+            with torch.no_grad():
+                expected = plain.ppo_loss(entry["agent"], mb | {"advantages": normalised}, 0.2, 2.0, clip_vloss=False)
+            assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6), where
 
 
 # --- MuJoCo Warp against gymnasium ----------------------------------------------------------------
