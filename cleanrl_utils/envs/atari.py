@@ -11,13 +11,23 @@ A lost life ends a training episode, as in CleanRL (its EpisodicLifeEnv and Fire
 `episodic_life=True`): the step that loses a life while the game goes on returns `terminated=True`, and the next step
 is an autoreset step like a new game's first (its action ignored, no transition for the scripts, which already treat
 the step after any `terminated | truncated` so): it presses FIRE (NOOP in games without FIRE), which serves the ball
-again in Breakout, and its observation starts a fresh frame stack, zeros before its frame. Without it a policy that
-never picks FIRE stalls a Breakout game until the 108,000-frame cap. Where CleanRL differs: its reset after a lost life
-hides a NOOP, a FIRE and one more step from the agent (not counted as steps) and refills the stack with copies of one
-frame; here the one FIRE step is a visible, counted step and the stack starts with zeros. `make_envs(...,
-episodic_life=False)` turns it off (Machado et al. 2018's protocol: the game goes on after a lost life, FIRE is
-pressed only when a game starts; the scripts end their training episodes at `infos["life_loss"]` unless that is taken
-out of their terminations too).
+again in Breakout, and its observation starts a fresh frame stack, zeros before its frame. The game itself goes on
+(the score, the lives and the 108,000-frame cap run across its lives); `infos["episode"]` comes once per game. Without
+this a policy that never picks FIRE stalls a Breakout game until the 108,000-frame cap (27,000 steps; measured in
+benchmark/results/atari_fire.md).
+
+Where CleanRL's gym wrappers differ: their reset after a lost life plays a NOOP, a FIRE and an action-2 step (4
+frames each) hidden from the agent (not counted as steps, no observation) and refills the stack with copies of the
+frame they end on; here there is one FIRE step per lost life, a visible step counted in `global_step` and in the game's
+`infos["episode"]["l"]` (its observation is the new life's first, its action ignored), and the stack starts with
+zeros. So a game that lost k lives before its last step has k FIRE steps in its length, where CleanRL's plays 12
+hidden frames per lost life.
+
+Turning it off: `make_envs(..., episodic_life=False)` (the scripts have no flag: pass it where the script calls
+make_envs) restores the semantics before this change, as in Machado et al. 2018's protocol: the game goes on after a
+lost life with no episode end, FIRE is pressed only when a game starts (a policy must learn to serve), and the stack
+runs on. The scripts also cut their returns at `infos["life_loss"]` (they store `terminated | life_loss`); for
+Machado et al.'s protocol drop that too.
 
 ALE preprocessing: 30 no-ops, frame skip 4 with a max-pool over the last two frames, 84x84 grayscale, 4 stacked
 frames, FIRE on reset, games cut at 108,000 frames. `BreakoutNoFrameskip-v4` ids have no sticky actions,

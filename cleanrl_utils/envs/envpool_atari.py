@@ -10,9 +10,11 @@ with a max-pool over the last two frames, 84x84 grayscale, FIRE on reset, games 
 Sticky actions: envpool's v5 default repeat_action_probability is 0 (unlike ale-py's ALE/...-v5 ids, 0.25); pass
 `repeat_action_probability` to change it. envpool refills its stack with copies of a new game's first frame; here the
 frames before it are zeroed instead, as ale-py does, so that both paths start a stack alike (CleanRL's envpool scripts
-see the copies). envpool's own `episodic_life=True` (envpool 1.2.5) is not used: after a lost life it runs up to 30
-random no-ops before FIRE and keeps the lost life's frames in the stack, and it hides the game's end in
-`info["terminated"]`; reward clipping is off too (the scripts clip what learning sees). envpool cannot be pickled:
+see the copies). envpool's own `episodic_life=True` (envpool 1.2.5; CleanRL's envpool scripts use it) is not used:
+after a lost life its reset plays a random number (0-29) of single NOOP frames and one FIRE frame hidden from the agent,
+keeps the lost life's frames in the stack, and hides the game's end in `info["terminated"]`; here, as on ale-py's path,
+the step after a lost life is one visible FIRE step whose observation starts a zeroed stack. Reward clipping is off
+too (the scripts clip what learning sees). envpool cannot be pickled:
 checkpoints resume with fresh games.
 """
 
