@@ -8,19 +8,23 @@ benchmark/results/atari_fire.md):
 `fixed`: one game per seed with a policy that never picks FIRE (always NOOP or always RIGHT), built by the pixel
 scripts' make_envs (ale-py, or envpool with --envpool); prints one CSV row per game: its length in agent steps and in
 Atari frames (the 108,000-frame cap included), its raw score and the lives it lost. --off passes episodic_life=False
-(no FIRE after a lost life, the game goes on: the semantics before FIRE was added). `sps`: environment steps per second
-of 8 games under random actions, acting only (no network), and the CPU seconds (all threads) per 1,000 of them. It
-passes no keyword, so run with PYTHONPATH pointing at an older checkout it times that checkout's default.
+(no FIRE after a lost life, the game goes on: the semantics before FIRE was added); run on an older checkout (its
+cleanrl_utils first on PYTHONPATH), it plays that checkout's default and labels the rows "before". `sps`: environment
+steps per second of 8 games under random actions, acting only (no network), and the CPU seconds (all threads) per
+1,000 of them (one CSV row per repeat: env_id, env steps/s, CPU s per 1000 env steps); it passes no keyword, so on an
+older checkout it times that checkout's default.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from inspect import signature
 
 import numpy as np
 
 from cleanrl_utils.envs import atari, envpool_atari
+from cleanrl_utils.envs.atari import make_envs
 
 POLICIES = {"noop": 0, "right": 2}  # Breakout's minimal action set: NOOP, FIRE, RIGHT, LEFT
 
@@ -46,7 +50,7 @@ def fixed(args) -> None:
         # ale-py counts the game's frames; envpool counts its steps (4 frames each, the cap 27,000 steps)
         frames = int(infos["episode_frame_number"][0]) if "episode_frame_number" in infos else 4 * steps
         ended_by = "truncation" if truncated[0] else "game over"
-        semantics = "off" if args.off else "on"
+        semantics = "off" if args.off else "on" if "episodic_life" in signature(make_envs).parameters else "before"
         score, length = float(infos["episode"]["r"][0]), int(infos["episode"]["l"][0])
         print(f"{env_id},{semantics},{args.policy},{seed},{length},{frames},{score:g},{lives_lost},{ended_by}")
         envs.close()
@@ -65,11 +69,7 @@ def sps(args) -> None:
             envs.step(rng.integers(n, size=8))
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         # CPU time (all threads of the process) per 1,000 env steps: steadier than SPS on a shared machine
-        print(
-            f"{args.env_id},{8 * args.steps / elapsed:.0f} env steps/s,{1000 * cpu / (8 * args.steps):.3f} CPU s per "
-            "1000 env steps",
-            flush=True,
-        )
+        print(f"{args.env_id},{8 * args.steps / elapsed:.0f},{1000 * cpu / (8 * args.steps):.3f}", flush=True)
         envs.close()
 
 
