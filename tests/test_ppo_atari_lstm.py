@@ -5,12 +5,23 @@ smoke runs on MinAtar and Atari, bad input, SIGKILL + resume."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import ppo_atari_lstm
 import pytest
 import torch
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from probe_atari_envs import SHORT_BREAKOUT
+from test_ppo_atari import (
+    actions_taken,
+    assert_adam_steps,
+    clipped_ppo_loss,
+    learning_view,
+    loop_steps,
+    reference_gae,
+    replay_stream,
+)
 
 from cleanrl_utils.envs.atari import make_envs
 
@@ -75,49 +86,6 @@ def test_episode_starts_follow_life_losses_and_the_autoreset_step():
     # A new life starts (env 0) and a new game starts (env 3); a game's final observation, which the autoreset step
     # acts on, keeps the old game's state (envs 1 and 2).
     assert starts.tolist() == [True, False, False, True, False]
-
-
-def rollout(agent, envs, storage, obs, state, starts, resets, rng):
-    """The script's rollout (phase 1) on a MinAtar vector env, with life losses drawn at random (MinAtar has none)."""
-    storage.initial_state = state
-    for step in range(storage.obs.shape[0]):
-        starts_t = torch.from_numpy(starts)
-        storage.obs[step], storage.starts[step] = obs, starts_t
-        action, storage.logprobs[step], storage.values[step], state = agent.act(obs, state, starts_t)
-        storage.actions[step] = action
-        obs_np, _, terminated, truncated, _ = envs.step(action.numpy())
-        obs = torch.from_numpy(obs_np)
-        storage.resets[step] = resets
-        game_over = terminated | truncated
-        life_loss = (rng.random(len(starts)) < 0.05) & ~game_over & ~resets
-        starts, resets = ppo_atari_lstm.episode_starts(life_loss, game_over, resets), game_over
-    return obs, state, starts, resets
-
-
-def test_first_epoch_replay_gives_back_the_rollouts_log_probabilities():
-    torch.manual_seed(0)
-    envs = make_envs("MinAtar/Breakout-v1", 4)
-    agent = ppo_atari_lstm.Agent(envs.single_observation_space.shape, int(envs.single_action_space.n), 1.0)
-    torch.nn.init.normal_(agent.actor.weight, std=1.0)  # a policy that depends on the memory (init's std is 0.01)
-    storage = ppo_atari_lstm.RolloutStorage(48, 4, envs.single_observation_space.shape, torch.device("cpu"))
-    obs, _ = envs.reset(seed=0)
-    carry = (torch.from_numpy(obs), agent.initial_state(4, "cpu"), np.ones(4, dtype=bool), np.zeros(4, dtype=bool))
-    rng = np.random.default_rng(0)
-    with torch.no_grad():
-        carry = rollout(agent, envs, storage, *carry, rng)  # a first rollout: the second starts mid-game
-        rollout(agent, envs, storage, *carry, rng)
-        assert storage.resets.any() and storage.starts[1:].any() and storage.initial_state[0].abs().sum() > 0
-        for mb_envs in torch.tensor([[2, 0], [3, 1]]):  # the update's minibatches: whole env sequences
-            mb_state = tuple(s[:, mb_envs] for s in storage.initial_state)
-            replay = (storage.obs[:, mb_envs], storage.actions[:, mb_envs], mb_state, storage.starts[:, mb_envs])
-            newlogprob, entropy, newvalue = agent.evaluate_actions(*replay)
-            assert torch.allclose(newlogprob, storage.logprobs[:, mb_envs], atol=1e-5)
-            assert torch.allclose(newvalue, storage.values[:, mb_envs], atol=1e-5)
-            # Replays that get the memory wrong are told apart: from a zero state, or never reset.
-            from_zero = agent.evaluate_actions(*replay[:2], agent.initial_state(2, "cpu"), replay[3])[0]
-            unreset = agent.evaluate_actions(*replay[:3], torch.zeros_like(replay[3]))[0]
-            assert (from_zero - newlogprob).abs().max() > 1e-3 and (unreset - newlogprob).abs().max() > 1e-3
-    envs.close()
 
 
 def reference_advantages(stream, gamma, gae_lambda):
@@ -219,16 +187,6 @@ def test_minatar_smoke_writes_finite_scalars_and_evaluates_the_saved_model(strai
     assert model["script"] == "ppo_atari_lstm" and model["obs_shape"] == (4, 10, 10)
 
 
-def test_atari_smoke_sees_one_frame_and_evaluates(workdir):
-    flags = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"]
-    flags += ["--total-timesteps", "128", "--save-model", "--eval-episodes", "1"]
-    result = run_script(SCRIPT, *flags, cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    (run_dir,) = run_dirs(workdir)
-    assert_finite_keys(read_scalars(run_dir), ["losses/value_loss", "losses/approx_kl", "eval/episodic_return"])
-    assert torch.load(run_dir / "ppo_atari_lstm.cleanrl_model", weights_only=False)["obs_shape"] == (1, 84, 84)
-
-
 def test_sigkill_then_resume_on_minatar_reproduces_the_uninterrupted_run(straight_run, tmp_path):
     run_dir = kill_at_first_checkpoint(SCRIPT, MINATAR_FLAGS, tmp_path)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
@@ -240,3 +198,216 @@ def test_sigkill_then_resume_on_minatar_reproduces_the_uninterrupted_run(straigh
     resumed_scalars, straight_scalars = read_scalars(run_dir), read_scalars(straight_run)
     for key in sorted(set(PPO_KEYS) - {"charts/SPS"}) + ["eval/episodic_return"]:
         assert resumed_scalars[key] == straight_scalars[key], key
+
+
+# The loop's own wiring: the script runs unchanged under tests/probe.py (test_ppo_atari.py's section of the same name
+# says how); here the tests rebuild the memory too. A plain recurrence, one step at a time with the state zeroed
+# before each observation that starts a training episode (read from the stream), must give back the rollout's
+# log-probabilities and values, the state each rollout begins with, the bootstrap value, and each update's replay
+# and loss. On Breakout cut at 100 steps (lost lives, games over, time-limit cuts); also the Atari smoke run.
+NUM_ENVS, NUM_STEPS, ITERATIONS, EPOCHS, MINIBATCHES = 2, 64, 3, 2, 2
+GAMMA, GAE_LAMBDA, CLIP, LR = 0.95, 0.8, 0.02, 1e-3
+LOOP_FLAGS = ["--env-id", SHORT_BREAKOUT, "--num-envs", str(NUM_ENVS), "--num-steps", str(NUM_STEPS)]
+LOOP_FLAGS += ["--total-timesteps", str(NUM_ENVS * NUM_STEPS * ITERATIONS), "--update-epochs", str(EPOCHS)]
+LOOP_FLAGS += ["--num-minibatches", str(MINIBATCHES), "--gamma", str(GAMMA), "--gae-lambda", str(GAE_LAMBDA)]
+LOOP_FLAGS += ["--clip-coef", str(CLIP), "--learning-rate", str(LR), "--save-model", "--eval-episodes", "1"]
+UPDATE_NAMES = ["agent", "storage", "mb_envs", "iteration", "epoch", "newlogprob", "advantages", "returns"]
+UPDATE_NAMES += ["next_obs", "lstm_state"]
+
+
+class LstmLoop(NamedTuple):
+    trace: object
+    stream: dict
+    learning: dict
+    starts: np.ndarray  # [steps + 1, num_envs]: the observation starts a training episode (zero the state before it)
+    run_dir: Path
+
+
+def episode_starts_seen(stream: dict) -> np.ndarray:
+    """Which observations start a training episode, from the stream: the run's first; the one after an autoreset step
+    (a new game's, or under a lost-life autoreset a new life's, first observation); and the one after a step that
+    ended a training episode (a lost life) where the env did not autoreset (the game went on). An autoreset step acts
+    on the ended episode's final observation, in that episode's memory."""
+    ended = stream["terminated"] | stream["truncated"]  # the env autoresets on the next step
+    training_end = ended | stream["life_loss"]
+    starts = np.zeros((len(ended) + 1, ended.shape[1]), dtype=bool)
+    starts[0] = True
+    starts[2:] |= ended[:-1]  # after an autoreset step
+    starts[1:] |= training_end & ~ended  # after a lost life, the game going on without an autoreset
+    return starts
+
+
+@pytest.fixture(scope="module")
+def lstm_loop(tmp_path_factory) -> LstmLoop:
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("loop")
+    trace = probe_script(
+        SCRIPT,
+        LOOP_FLAGS,
+        cwd,
+        watch=["next_obs", "action"],
+        at_backward=UPDATE_NAMES,
+        final=["action", "agent"],
+        preload=["probe_atari_envs"],
+    )
+    stream = replay_stream(make_envs(SHORT_BREAKOUT, NUM_ENVS, stack_num=1), 1, actions_taken(trace))
+    (run_dir,) = run_dirs(cwd)
+    return LstmLoop(trace, stream, learning_view(stream), episode_starts_seen(stream), run_dir)
+
+
+def agent_from(state: dict) -> ppo_atari_lstm.Agent:
+    agent = ppo_atari_lstm.Agent((1, 84, 84), 4, 255.0)
+    agent.load_state_dict(state)
+    return agent
+
+
+def plain_recurrence(agent, obs: torch.Tensor, starts, state: tuple):
+    """One LSTM step at a time over obs [T, B, 1, 84, 84] from `state`, zeroing an env's (h, c) before each step whose
+    observation starts an episode (starts [T, B]): the logits and values [T, B] and the state after the last step."""
+    features = agent.network(obs.flatten(0, 1).float() / 255.0).view(*obs.shape[:2], -1)  # the torso has no memory
+    h, c = state
+    logits, values = [], []
+    for t in range(len(obs)):
+        keep = torch.as_tensor(~np.asarray(starts[t])).float().view(1, -1, 1)
+        h, c = h * keep, c * keep
+        output, (h, c) = agent.lstm(features[t].unsqueeze(0), (h, c))
+        logits.append(agent.actor(output[0]))
+        values.append(agent.critic(output[0]).squeeze(-1))
+    return torch.stack(logits), torch.stack(values), (h, c)
+
+
+def rollouts(loop: LstmLoop):
+    """Per iteration: its first update (the agent that collected the rollout, and the rollout's storage), the slice
+    of the stream it covers, and the first update of the next iteration (None after the last)."""
+    firsts = loop.trace.backward[:: EPOCHS * MINIBATCHES]
+    for i, (first, following) in enumerate(zip(firsts, firsts[1:] + [None])):
+        yield first, slice(i * NUM_STEPS, (i + 1) * NUM_STEPS), following
+
+
+def test_the_loop_acts_on_what_the_seeded_envs_return_and_stores_it_as_learning_sees_it(lstm_loop):
+    steps = loop_steps(lstm_loop.trace)
+    assert len(steps) == NUM_STEPS * ITERATIONS
+    for k, step in enumerate(steps):  # one frame per observation, from the envs seeded with the run's seed
+        assert torch.equal(step["next_obs"], torch.from_numpy(lstm_loop.stream["obs"][k])), k
+    learning, starts = lstm_loop.learning, lstm_loop.starts
+    assert lstm_loop.stream["life_loss"].sum() >= 4 and learning["truncations"].sum() >= 1
+    assert starts[1:-1].sum() >= 4, "episodes should start inside the rollouts for this test to mean anything"
+    actions = actions_taken(lstm_loop.trace)
+    for first, rows, _ in rollouts(lstm_loop):
+        storage = first["storage"]
+        assert torch.equal(storage["obs"], torch.from_numpy(lstm_loop.stream["obs"][rows]))
+        assert storage["actions"].tolist() == actions[rows].tolist()
+        assert storage["rewards"].tolist() == learning["rewards"][rows].tolist()
+        assert storage["terminations"].tolist() == learning["terminations"][rows].astype(float).tolist()
+        assert storage["truncations"].tolist() == learning["truncations"][rows].astype(float).tolist()
+        assert storage["resets"].tolist() == learning["resets"][rows].tolist()
+        assert storage["starts"].tolist() == starts[rows].tolist()
+
+
+def test_the_rollout_zeroes_the_state_at_episode_starts_and_carries_it_into_the_next_rollout(lstm_loop):
+    initial = agent_from(lstm_loop.trace.backward[0]["agent"]).initial_state(NUM_ENVS, "cpu")
+    for first, rows, following in rollouts(lstm_loop):
+        storage = first["storage"]
+        for begun, expected in zip(storage["initial_state"], initial):
+            assert torch.allclose(begun, expected, atol=1e-5)
+        with torch.no_grad():
+            logits, values, state = plain_recurrence(
+                agent_from(first["agent"]), storage["obs"], lstm_loop.starts[rows], storage["initial_state"]
+            )
+        log_probs = torch.distributions.Categorical(logits=logits).log_prob(storage["actions"])
+        assert torch.allclose(storage["logprobs"], log_probs, atol=1e-5)
+        assert torch.allclose(storage["values"], values, atol=1e-5)
+        for after, expected in zip(first["lstm_state"], state):  # the state the bootstrap and the next rollout use
+            assert torch.allclose(after, expected, atol=1e-5)
+        initial = state
+
+
+def test_advantages_are_gae_of_the_rollout_bootstrapped_from_the_observation_after_it(lstm_loop):
+    for first, rows, _ in rollouts(lstm_loop):
+        after = torch.from_numpy(lstm_loop.stream["obs"][rows.stop])
+        assert torch.equal(first["next_obs"], after)
+        with torch.no_grad():  # one more step of the memory: the observation after the rollout
+            _, bootstrap, _ = plain_recurrence(
+                agent_from(first["agent"]), after[None], lstm_loop.starts[rows.stop][None], first["lstm_state"]
+            )
+        learning = {key: value[rows] for key, value in lstm_loop.learning.items()}
+        values = first["storage"]["values"].double().numpy()
+        expected = reference_gae(learning, values, bootstrap[0].double().numpy(), GAMMA, GAE_LAMBDA)
+        transitions = ~learning["resets"]
+        assert np.allclose(first["advantages"].numpy()[transitions], expected[transitions], atol=1e-5)
+        assert np.allclose(first["returns"].numpy()[transitions], (expected + values)[transitions], atol=1e-5)
+
+
+def replayed_loss(model, update: dict, starts: np.ndarray):
+    """The loss of an update's minibatch of envs by a plain replay of their sequences from the rollout's first state:
+    clipped_ppo_loss over the minibatch's real transitions (the autoreset steps left out of every mean)."""
+    storage, envs = update["storage"], update["mb_envs"]
+    state = tuple(s[:, envs] for s in storage["initial_state"])
+    logits, values, _ = plain_recurrence(model, storage["obs"][:, envs], starts[:, envs.numpy()], state)
+    mask = ~torch.as_tensor(storage["resets"])[:, envs]
+    mb = dict(
+        actions=storage["actions"][:, envs], logprobs=storage["logprobs"][:, envs], values=storage["values"][:, envs]
+    )
+    mb |= dict(advantages=update["advantages"][:, envs], returns=update["returns"][:, envs])
+    mb = {key: value[mask] for key, value in mb.items()}
+    return clipped_ppo_loss(torch.distributions.Categorical(logits=logits[mask]), values[mask], mb, CLIP)
+
+
+def update_starts(loop: LstmLoop, update: dict) -> np.ndarray:
+    i = update["iteration"] - 1
+    return loop.starts[i * NUM_STEPS : (i + 1) * NUM_STEPS]
+
+
+def test_each_update_replays_whole_env_sequences_from_the_rollouts_first_state(lstm_loop):
+    updates = lstm_loop.trace.backward
+    assert len(updates) == ITERATIONS * EPOCHS * MINIBATCHES
+    for first, rows, _ in rollouts(lstm_loop):
+        iteration = [u for u in updates if u["iteration"] == first["iteration"]]
+        for epoch in range(EPOCHS):
+            taken = torch.cat([u["mb_envs"] for u in iteration if u["epoch"] == epoch])
+            assert sorted(taken.tolist()) == list(range(NUM_ENVS)), "an epoch takes every env's sequence once"
+        # Before the iteration's first gradient step the replay gives back the rollout's log-probabilities.
+        envs = first["mb_envs"]
+        assert torch.allclose(first["newlogprob"], first["storage"]["logprobs"][:, envs], atol=1e-5)
+        for update in iteration:
+            storage, envs = update["storage"], update["mb_envs"]
+            state = tuple(s[:, envs] for s in storage["initial_state"])
+            with torch.no_grad():
+                logits, _, _ = plain_recurrence(
+                    agent_from(update["agent"]),
+                    storage["obs"][:, envs],
+                    update_starts(lstm_loop, update)[:, envs],
+                    state,
+                )
+            log_probs = torch.distributions.Categorical(logits=logits).log_prob(storage["actions"][:, envs])
+            assert torch.allclose(update["newlogprob"], log_probs, atol=1e-5)
+
+
+def test_every_minibatch_loss_is_the_clipped_ppo_loss_of_its_real_transitions(lstm_loop):
+    for update in lstm_loop.trace.backward:
+        with torch.no_grad():
+            expected = replayed_loss(agent_from(update["agent"]), update, update_starts(lstm_loop, update))
+        assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
+
+
+def test_every_gradient_step_is_adam_on_the_clipped_gradient_at_the_annealed_learning_rate(lstm_loop):
+    updates = [
+        dict(agent=u["agent"], loss_of=lambda model, u=u: replayed_loss(model, u, update_starts(lstm_loop, u)))
+        for u in lstm_loop.trace.backward
+    ]
+    lrs = [LR * (1 - (k // (EPOCHS * MINIBATCHES)) / ITERATIONS) for k in range(len(updates))]
+    assert_adam_steps(updates, lstm_loop.trace.final["agent"], ppo_atari_lstm.Agent((1, 84, 84), 4, 255.0), lrs)
+    logged = read_scalars(lstm_loop.run_dir)["charts/learning_rate"]
+    assert [value for _, value in logged] == pytest.approx(lrs[:: EPOCHS * MINIBATCHES])
+
+
+def test_the_atari_run_sees_one_frame_logs_whole_game_scores_and_evaluates_the_saved_model(lstm_loop):
+    scalars = read_scalars(lstm_loop.run_dir)
+    assert_finite_keys(scalars, PPO_KEYS + ["eval/episodic_return"])
+    games = lstm_loop.stream["games"]
+    assert len(games) >= 1
+    expected = [((k + 1) * NUM_ENVS, pytest.approx(score)) for k, _, score in games]
+    assert [(step, value) for step, value in scalars["charts/episodic_return"]] == expected
+    model = torch.load(lstm_loop.run_dir / "ppo_atari_lstm.cleanrl_model", weights_only=False)
+    assert model["script"] == "ppo_atari_lstm" and model["obs_shape"] == (1, 84, 84)
