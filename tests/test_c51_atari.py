@@ -1,5 +1,7 @@
 """c51_atari.py: the distributional projection against a plain loop, the frame-indexed replay against the observations
-the env returned, smoke runs on MinAtar and Atari, bad input, SIGKILL + resume."""
+the env returned, bad input, SIGKILL + resume; the script's own loop under tests/probe.py (the smoke runs): the rows
+stored on Breakout (lives) vs what the env returned, every update's loss vs the projected target of the target
+network recomputed from the sampled rows, target-copy timing, the epsilon schedule."""
 
 from __future__ import annotations
 
@@ -216,11 +218,9 @@ def test_validate_refuses_bad_arguments_in_one_line(capsys, fields, fragment):
 # --- runs ------------------------------------------------------------------------------------
 
 
-def test_minatar_smoke_logs_whole_games_and_evaluates_saved_model(workdir):
-    flags = [*MINATAR_TINY, "--total-timesteps", "1000", "--save-model", "--eval-episodes", "3"]
-    result = run_script("c51_atari.py", *flags, cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    (run_dir,) = run_dirs(workdir)
+def test_minatar_smoke_logs_whole_games_and_evaluates_saved_model(minatar_loop):
+    trace, cwd = minatar_loop
+    (run_dir,) = run_dirs(cwd)
     scalars = read_scalars(run_dir)
     assert_finite_keys(scalars, C51_KEYS + ["eval/episodic_return"])
     assert len(scalars["eval/episodic_return"]) == 3
@@ -229,14 +229,28 @@ def test_minatar_smoke_logs_whole_games_and_evaluates_saved_model(workdir):
     assert torch.load(run_dir / "c51_atari.cleanrl_model", weights_only=False)["script"] == "c51_atari"
 
 
-def test_atari_smoke_trains_the_nature_cnn(workdir):
-    # 250 steps of 4 envs: the losses are logged at step 1000, after 25 gradient steps on 4-frame stacks.
-    flags = ["--num-envs", "4", "--buffer-size", "400", "--learning-starts", "800", "--batch-size", "4"]
-    flags += ["--total-timesteps", "1000", "--train-frequency", "8", "--target-network-frequency", "100"]
-    result = run_script("c51_atari.py", *flags, cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    (run_dir,) = run_dirs(workdir)
+def test_atari_smoke_trains_the_nature_cnn_and_stores_what_the_loop_saw(breakout_loop):
+    # 250 steps of 4 envs acting at random: the losses are logged at step 1000, after 25 gradient steps on 4-frame
+    # stacks; Breakout has lives, so the rows stored show how life losses are stored.
+    trace, cwd = breakout_loop
+    (run_dir,) = run_dirs(cwd)
     assert_finite_keys(read_scalars(run_dir), ["losses/loss", "losses/q_values", "charts/epsilon"])
+    steps, rb = loop_steps(trace), trace.final["rb"]
+    assert len(steps) == 250 and rb["size"] == 100
+    resets = np.zeros(4, dtype=bool)
+    lives_checked = 0
+    for t, step in enumerate(steps):
+        if t >= len(steps) - 100:  # the rows the buffer still holds
+            row = t % 100
+            assert torch.equal(rb["frames"][row], step["obs"][:, -1:])  # the newest frame of the observation acted on
+            assert rb["actions"][row].tolist() == step["actions"].tolist()
+            assert rb["rewards"][row].tolist() == np.sign(step["rewards"]).tolist()
+            ended = step["terminations"] | step["infos"]["life_loss"]  # game overs and lost lives
+            assert rb["terminations"][row].tolist() == ended.astype(float).tolist(), f"step {t}"
+            assert rb["valid"][row].tolist() == (~resets).tolist()  # an autoreset step is no transition
+            lives_checked += int(step["infos"]["life_loss"].sum())
+        resets = step["terminations"] | step["truncations"]
+    assert lives_checked >= 2, lives_checked
 
 
 def test_sigkill_then_resume_on_minatar_reproduces_the_uninterrupted_run(tmp_path):
@@ -265,3 +279,113 @@ def test_sigkill_then_resume_on_minatar_reproduces_the_uninterrupted_run(tmp_pat
     straight_model = torch.load(straight_dir / "c51_atari.cleanrl_model", weights_only=False)["q_network"]
     for name, weight in straight_model.items():
         assert torch.equal(resumed_model[name], weight), name
+
+
+# --- the loop's own wiring -------------------------------------------------------------------
+# The script runs unchanged under tests/probe.py, which copies what its loop saw at each step and what each loss was
+# computed from; the tests rebuild all of it from those copies. Breakout (it has lives) for what is stored, MinAtar (a
+# small network, cheap to copy at every update) for the updates; both are the smoke runs above too.
+BREAKOUT_FLAGS = ["--num-envs", "4", "--buffer-size", "400", "--learning-starts", "800", "--batch-size", "4"]
+BREAKOUT_FLAGS += ["--total-timesteps", "1000", "--train-frequency", "8", "--target-network-frequency", "100"]
+BREAKOUT_FLAGS += ["--exploration-fraction", "1", "--end-e", "1"]
+LEARN_FLAGS = ["--env-id", "MinAtar/Breakout-v1", "--num-envs", "2", "--buffer-size", "1200", "--batch-size", "8"]
+LEARN_FLAGS += ["--learning-starts", "600", "--train-frequency", "16", "--target-network-frequency", "128"]
+LEARN_FLAGS += ["--total-timesteps", "1200", "--exploration-fraction", "0.5", "--end-e", "0.2", "--gamma", "0.9"]
+LEARN_FLAGS += ["--save-model", "--eval-episodes", "3"]
+STEP_NAMES = ["obs", "obs_np", "actions", "rewards", "terminations", "truncations", "infos", "epsilon"]
+BATCH_NAMES = ["obs_b", "next_obs_b", "actions_b", "rewards_b", "terminations_b", "q_network", "target_network"]
+
+
+@pytest.fixture(scope="module")
+def breakout_loop(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("store")
+    return probe_script("c51_atari.py", BREAKOUT_FLAGS, cwd, watch=STEP_NAMES, final=["rb"]), cwd
+
+
+@pytest.fixture(scope="module")
+def minatar_loop(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("learn")
+    return probe_script("c51_atari.py", LEARN_FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES), cwd
+
+
+def loop_steps(trace) -> list[dict]:
+    """One dict per loop iteration (taken as the step is counted, after envs.step): the observation acted on, the
+    actions, what the env returned, epsilon."""
+    return [entry for entry in trace.steps if entry["step"] > 0]
+
+
+def transitions_seen(steps: list[dict]) -> set:
+    """(obs, action, clipped reward, training-episode end, next obs) of every real transition, as bytes."""
+    transitions = set()
+    resets = np.zeros(len(steps[0]["actions"]), dtype=bool)
+    for step in steps:
+        life_loss = step["infos"].get("life_loss", np.zeros_like(resets))
+        for env in np.flatnonzero(~resets):
+            ended = bool(step["terminations"][env] or life_loss[env])
+            obs, next_obs = step["obs"][env].numpy().tobytes(), step["obs_np"][env].tobytes()
+            transitions.add((obs, int(step["actions"][env]), float(np.sign(step["rewards"][env])), ended, next_obs))
+        resets = step["terminations"] | step["truncations"]
+    return transitions
+
+
+def test_each_update_samples_real_transitions_and_is_the_cross_entropy_with_the_projected_target(minatar_loop):
+    trace, _ = minatar_loop
+    steps = loop_steps(trace)
+    transitions = transitions_seen(steps)
+    updates = trace.backward
+    assert len(updates) == 1200 // 16 - 600 // 16
+    network_args = ((4, 10, 10), 3, 1.0, 51, -10, 10)
+    q_network, target_network = c51_atari.QNetwork(*network_args), c51_atari.QNetwork(*network_args)
+    support = np.linspace(-10, 10, 51)
+    terminal_targets = 0
+    for update in updates:
+        rows = zip(update["obs_b"], update["actions_b"], update["rewards_b"], update["terminations_b"])
+        for i, (obs, action, reward, ended) in enumerate(rows):
+            key = (
+                obs.numpy().tobytes(),
+                int(action),
+                float(reward),
+                bool(ended),
+                update["next_obs_b"][i].numpy().tobytes(),
+            )
+            assert key in transitions, "a sampled row is not a transition the env produced"
+        q_network.load_state_dict(update["q_network"])
+        target_network.load_state_dict(update["target_network"])
+        with torch.no_grad():
+            # The target network's distribution at its own greedy (by the mean) next action, shifted and projected.
+            next_probs = torch.softmax(target_network(update["next_obs_b"]), dim=2).double()
+            next_actions = (next_probs * torch.as_tensor(support)).sum(dim=2).argmax(dim=1)
+            next_probs = next_probs[torch.arange(8), next_actions].numpy()
+            rewards, ends = update["rewards_b"].double().numpy(), update["terminations_b"].double().numpy()
+            target = reference_projection(next_probs, rewards, ends, support, 0.9)
+            log_probs = torch.log_softmax(q_network(update["obs_b"]), dim=2)[torch.arange(8), update["actions_b"]]
+        cross_entropy = -(torch.as_tensor(target).float() * log_probs).sum(dim=1).mean()
+        assert update["loss"].item() == pytest.approx(cross_entropy.item(), rel=1e-5)
+        terminal_targets += int(update["terminations_b"].sum())
+    assert terminal_targets > 0, "some sampled transitions should end a training episode"
+
+
+def test_the_target_network_is_the_online_network_copied_every_target_network_frequency_steps(minatar_loop):
+    updates = minatar_loop[0].backward
+    initial = updates[0]["q_network"]
+    copy_steps = [c for c in range(128, 1200, 128) if c > 600]
+    for k, update in enumerate(updates):
+        # Copied at the end of the last iteration whose step crossed a multiple of 128 after learning started (after
+        # that iteration's gradient step): the online weights that the next update found.
+        copies = [c for c in copy_steps if c < update["step"]]
+        expected = next(u for u in updates if u["step"] > copies[-1])["q_network"] if copies else initial
+        for name, tensor in update["target_network"].items():
+            assert torch.equal(tensor, expected[name]), f"update {k} at step {update['step']}: {name}"
+    assert len(copy_steps) >= 3
+
+
+def test_epsilon_decays_linearly_over_the_exploration_fraction(minatar_loop):
+    steps = loop_steps(minatar_loop[0])
+    for step in steps:
+        acted_at = step["step"] - 2  # epsilon is computed before the step is counted
+        assert step["epsilon"] == pytest.approx(max(1 + (0.2 - 1) * acted_at / 600, 0.2))
+    assert steps[-1]["epsilon"] == pytest.approx(0.2)
