@@ -1,11 +1,14 @@
-"""ppo_atari_multigpu.py under torchrun on the CPU (gloo), 2 ranks on MinAtar: identical parameters on every rank,
-environment seeds that differ, a --target-kl early stop in the same update on all ranks, rank 0 alone writing,
+"""ppo_atari_multigpu.py under torchrun on the CPU (gloo), 2 ranks on MinAtar, each rank's own loop observed by
+tests/probe.py (nproc=2) and rebuilt from its games replayed in envs seeded seed + rank x local_num_envs: each rank's
+rollout as learning sees it and its GAE by a plain loop, every rank's loss on its share of the minibatch with the
+advantages normalised over all ranks' shares, every Adam step on the gradient averaged over the ranks then clipped,
+identical parameters on every rank, a --target-kl early stop in the same update on all ranks, rank 0 alone writing,
 SIGTERM to one rank stopping all of them, and the 2-rank checkpoint resumed exactly over two "nodes" (two torchrun
 launches meeting at a c10d rendezvous on localhost). The script's collectives (the KL early stop, the global mean
 and std, the gradient average) on two spawned gloo ranks whose inputs differ. Bad input, and the GPU count check.
 
-Each rank runs the unchanged script through `rank.py` below, which records the seeds the script gives its vector
-env and, when the script is done, saves that rank's agent and optimiser state for the test to compare."""
+The resume and SIGTERM runs go through `rank.py` below, which records the seeds the script gives its vector env
+and, when the script is done, saves that rank's agent and optimiser state for the test to compare."""
 
 from __future__ import annotations
 
@@ -16,11 +19,25 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import ppo_atari_multigpu
 import pytest
 import torch
 from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+from test_ppo_atari import (
+    actions_taken,
+    assert_adam_steps,
+    clipped_ppo_loss,
+    learning_view,
+    loop_steps,
+    policy_and_value,
+    reference_gae,
+    replay_stream,
+)
+
+from cleanrl_utils.envs.atari import make_envs
 
 SCRIPT = ROOT / "cleanrl" / "ppo_atari_multigpu.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -28,8 +45,10 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # the first of two epochs in every update.
 FLAGS = ["--env-id", "MinAtar/Breakout-v1", "--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2"]
 FLAGS += ["--update-epochs", "2", "--target-kl", "1e-9", "--total-timesteps", "768", "--checkpoint-every", "512"]
-FLAGS += ["--save-model", "--eval-episodes", "1"]
-ITERATIONS, MINIBATCHES = 6, 2
+FLAGS += ["--save-model", "--eval-episodes", "1", "--clip-coef", "0.02", "--learning-rate", "1e-3"]
+ITERATIONS, MINIBATCHES, LOCAL_ENVS, NUM_STEPS, CLIP, LR = 6, 2, 2, 32, 0.02, 1e-3
+UPDATE_NAMES = ["mb", "agent", "mb_inds", "iteration", "epoch", "rewards", "terminated", "truncated", "reset_steps"]
+UPDATE_NAMES += ["values", "advantages", "returns", "next_obs"]
 RANK_WRAPPER = """
 import os, runpy, sys
 import gymnasium as gym
@@ -55,6 +74,16 @@ state = dict(local_rank=os.environ.get("LOCAL_RANK"), seeds=seeds[0], agent=done
 torch.save(dict(state, optimizer=done["optimizer"].state_dict()), os.path.join(out, f"rank{rank}.pt"))
 """
 SCALAR_KEYS = ["charts/episodic_return", "losses/value_loss", "losses/approx_kl", "losses/explained_variance"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """One CPU thread, as the script runs (--torch-threads 1): the tests' own forward and backward passes on a busy
+    machine spend far longer spinning in a thread pool than computing."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def torchrun(cwd: Path, out: Path, *launch: str, flags=FLAGS, timeout: float = 300, wait: bool = True):
@@ -88,16 +117,35 @@ def adam_steps(state: dict) -> int:
     return int(state["optimizer"]["state"][0]["step"])
 
 
+class TwoRanks(NamedTuple):
+    cwd: Path
+    ranks: list  # each rank's probe Trace
+    streams: list  # each rank's games replayed from its actions, its envs seeded as the script says
+
+
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> Path:
-    """One 2-rank run, shared by the tests below; returns its working directory."""
+def two_ranks(tmp_path_factory) -> TwoRanks:
+    """One 2-rank run under torchrun, each rank observed by tests/probe.py (the observation each step acted on, the
+    actions, and at every backward() the minibatch share, the agent and the rollout's tensors), shared by the tests
+    below; each rank's games are replayed in fresh envs seeded with seed + rank x local_num_envs."""
+    from probe import probe_script
+
     cwd = tmp_path_factory.mktemp("two_ranks")
-    torchrun(cwd, cwd / "out", "--standalone", "--nproc-per-node", "2")
-    return cwd
+    names = dict(watch=["next_obs", "action"], at_backward=UPDATE_NAMES, final=["action", "agent", "optimizer"])
+    trace = probe_script("ppo_atari_multigpu.py", FLAGS, cwd, nproc=2, **names)
+    streams = [
+        replay_stream(make_envs("MinAtar/Breakout-v1", LOCAL_ENVS), 1 + rank * LOCAL_ENVS, actions_taken(ranked))
+        for rank, ranked in enumerate(trace.ranks)
+    ]
+    return TwoRanks(cwd, trace.ranks, streams)
+
+
+def final_states(two_ranks: TwoRanks) -> list[dict]:
+    return [ranked.final for ranked in two_ranks.ranks]
 
 
 def test_two_ranks_hold_identical_parameters_after_several_updates(two_ranks):
-    states = rank_states(two_ranks / "out")
+    states = final_states(two_ranks)
     assert_same_parameters(states)
     initial = ppo_atari_multigpu.Agent((4, 10, 10), 3, 1.0).state_dict()  # it trained: not the initial weights
     assert not torch.equal(states[0]["agent"]["actor.weight"], initial["actor.weight"])
@@ -105,9 +153,74 @@ def test_two_ranks_hold_identical_parameters_after_several_updates(two_ranks):
         assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"]), name
 
 
-def test_environment_seeds_differ_across_ranks(two_ranks):
-    seeds = [state["seeds"] for state in rank_states(two_ranks / "out")]
-    assert seeds == [[1, 2], [3, 4]]  # seed + rank x local_num_envs + i
+def test_each_rank_acts_on_its_own_seeded_games(two_ranks):
+    # Rank r's game i is seeded with seed + r x local_num_envs + i: replayed so, each rank's envs return exactly what
+    # its loop acted on, and the two ranks' games differ.
+    for ranked, stream in zip(two_ranks.ranks, two_ranks.streams):
+        steps = loop_steps(ranked)
+        assert len(steps) == ITERATIONS * NUM_STEPS
+        for k, step in enumerate(steps):
+            assert torch.equal(step["next_obs"], torch.from_numpy(stream["obs"][k])), k
+    assert not np.array_equal(two_ranks.streams[0]["obs"], two_ranks.streams[1]["obs"])
+
+
+def test_each_ranks_rollout_is_its_stream_as_learning_sees_it_with_gae_from_its_agent(two_ranks):
+    for ranked, stream in zip(two_ranks.ranks, two_ranks.streams):
+        learning = learning_view(stream)
+        assert learning["resets"].sum() >= 4, "games should end in the rollouts for this test to mean anything"
+        for i, first in enumerate(ranked.backward[::MINIBATCHES]):  # one epoch per update: the KL stop
+            rows = slice(i * NUM_STEPS, (i + 1) * NUM_STEPS)
+            seen = {key: value[rows] for key, value in learning.items()}
+            assert first["rewards"].tolist() == seen["rewards"].tolist()
+            assert first["terminated"].tolist() == seen["terminations"].astype(float).tolist()
+            assert first["reset_steps"].tolist() == seen["resets"].tolist()
+            agent = ppo_atari_multigpu.Agent((4, 10, 10), 3, 1.0)
+            agent.load_state_dict(first["agent"])
+            with torch.no_grad():  # the rollout's observations and the one after it, by the agent that collected it
+                obs = torch.from_numpy(stream["obs"][rows.start : rows.stop + 1])
+                _, values = policy_and_value(agent, obs.flatten(0, 1), 1.0)
+            values = values.view(NUM_STEPS + 1, LOCAL_ENVS).double()
+            assert torch.allclose(first["values"].double(), values[:-1], atol=1e-5)
+            expected = reference_gae(seen, values[:-1].numpy(), values[-1].numpy(), 0.99, 0.95)
+            transitions = ~seen["resets"]
+            assert np.allclose(first["advantages"].numpy()[transitions], expected[transitions], atol=1e-5)
+            returns = (expected + values[:-1].numpy())[transitions]
+            assert np.allclose(first["returns"].numpy()[transitions], returns, atol=1e-5)
+
+
+def minibatch_losses(model, shares: list[dict]) -> list[torch.Tensor]:
+    """Each rank's loss on its share of one minibatch, the advantages normalised with the mean and the standard
+    deviation of the whole minibatch (every rank's share)."""
+    everything = torch.cat([share["advantages"] for share in shares])
+    stats = (everything.mean(), everything.std())
+    return [
+        clipped_ppo_loss(*policy_and_value(model, share["obs"], 1.0), share, CLIP, advantage_stats=stats)
+        for share in shares
+    ]
+
+
+def test_every_ranks_loss_is_its_share_of_the_minibatch_normalised_over_all_ranks(two_ranks):
+    zero, one = (ranked.backward for ranked in two_ranks.ranks)
+    assert len(zero) == len(one) == ITERATIONS * MINIBATCHES
+    for k, updates in enumerate(zip(zero, one)):
+        assert_same_parameters(updates)  # every rank computes with the same parameters
+        model = ppo_atari_multigpu.Agent((4, 10, 10), 3, 1.0)
+        model.load_state_dict(updates[0]["agent"])
+        with torch.no_grad():
+            expected = minibatch_losses(model, [update["mb"] for update in updates])
+        for rank, update in enumerate(updates):
+            assert update["loss"].item() == pytest.approx(expected[rank].item(), rel=1e-5, abs=1e-6), (k, rank)
+
+
+def test_every_gradient_step_is_adam_on_the_gradient_averaged_over_ranks_then_clipped(two_ranks):
+    zero, one = (ranked.backward for ranked in two_ranks.ranks)
+    updates = [
+        dict(agent=a["agent"], loss_of=lambda model, mbs=(a["mb"], b["mb"]): sum(minibatch_losses(model, mbs)) / 2)
+        for a, b in zip(zero, one)
+    ]
+    lrs = [LR * (1 - (k // MINIBATCHES) / ITERATIONS) for k in range(len(updates))]
+    model = ppo_atari_multigpu.Agent((4, 10, 10), 3, 1.0)
+    assert_adam_steps(updates, two_ranks.ranks[0].final["agent"], model, lrs)
 
 
 def collectives_on_one_rank(rank: int, init_method: str, results) -> None:
@@ -147,11 +260,13 @@ def test_collectives_agree_on_every_rank_when_their_inputs_differ(tmp_path):
 def test_target_kl_stops_every_rank_in_the_same_update(two_ranks):
     # Two epochs asked for, one taken in each update, on both ranks: the Adam step counts agree (and a rank that
     # stopped alone would have left the other waiting in its next all-reduce).
-    assert [adam_steps(state) for state in rank_states(two_ranks / "out")] == [ITERATIONS * MINIBATCHES] * 2
+    for ranked in two_ranks.ranks:
+        assert [update["epoch"] for update in ranked.backward] == [0] * ITERATIONS * MINIBATCHES
+        assert adam_steps(ranked.final) == ITERATIONS * MINIBATCHES
 
 
 def test_rank_zero_alone_writes(two_ranks):
-    (run_dir,) = run_dirs(two_ranks)
+    (run_dir,) = run_dirs(two_ranks.cwd)
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
     scalars = read_scalars(run_dir)
     assert_finite_keys(scalars, SCALAR_KEYS + ["charts/SPS", "eval/episodic_return"])
@@ -172,7 +287,7 @@ def test_a_two_rank_checkpoint_resumes_exactly_on_two_nodes(two_ranks, tmp_path)
     """The 2-rank run's checkpoint (step 512 of 768), resumed by two torchrun launches (`--nnodes 2`, a c10d
     rendezvous on localhost) of one rank each: both have LOCAL_RANK 0, so only the global RANK tells them apart.
     The resumed run ends as the uninterrupted one did: the same curves, the same parameters on both ranks."""
-    (straight_dir,) = run_dirs(two_ranks)
+    (straight_dir,) = run_dirs(two_ranks.cwd)
     run_dir = tmp_path / "runs" / straight_dir.name
     shutil.copytree(straight_dir, run_dir)
     endpoint = f"localhost:{free_port()}"
@@ -190,7 +305,7 @@ def test_a_two_rank_checkpoint_resumes_exactly_on_two_nodes(two_ranks, tmp_path)
     assert [state["local_rank"] for state in states] == ["0", "0"]
     assert [state["seeds"] for state in states] == [[1, 2], [3, 4]]
     assert_same_parameters(states)
-    assert_same_parameters([states[0], rank_states(two_ranks / "out")[0]])
+    assert_same_parameters([states[0], final_states(two_ranks)[0]])
     assert run_dirs(tmp_path) == [run_dir]  # rank 1 wrote nothing
     resumed, straight = read_scalars(run_dir), read_scalars(straight_dir)
     for key in SCALAR_KEYS + ["losses/policy_loss", "charts/learning_rate"]:
