@@ -1,6 +1,8 @@
 """rainbow_atari.py: the sum tree, n-step returns, noisy layers, the dueling aggregation and the C51 projection
-against plain references; the prioritized frame replay against the stream it was fed; smoke runs on MinAtar and
-Atari, SIGKILL + --resume exactness (priorities included), bad input."""
+against plain references; the prioritized frame replay against the stream it was fed; SIGKILL + --resume exactness
+(priorities included), bad input; the script's own loop under tests/probe.py (the smoke runs): the rows stored on
+Breakout (lives), and every update rebuilt from the stream and the copied networks and noise (n-step returns, the
+double-Q target, importance weights with the annealed beta, the priorities written back), target-copy timing."""
 
 from __future__ import annotations
 
@@ -14,23 +16,9 @@ from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpo
 from scipy import stats
 
 MINATAR = ["--env-id", "MinAtar/Breakout-v1"]
-# Eight envs and one gradient step per vector step keep the per-step overheads of a CPU run small; the losses are
-# logged every 1000 steps, so runs go to 1000.
-SMALL = [
-    *MINATAR,
-    "--num-envs",
-    "8",
-    "--buffer-size",
-    "800",
-    "--batch-size",
-    "16",
-    "--train-frequency",
-    "8",
-    "--target-network-frequency",
-    "100",
-    "--learning-starts",
-    "200",
-]
+# Eight envs and a gradient step every 8 vector steps; the losses are logged every 1000 steps, so runs go to 1000.
+SMALL = [*MINATAR, "--num-envs", "8", "--buffer-size", "800", "--batch-size", "16", "--train-frequency", "64"]
+SMALL += ["--target-network-frequency", "200", "--learning-starts", "200", "--gamma", "0.9"]
 KEYS = [
     "charts/episodic_return",
     "charts/episodic_length",
@@ -46,39 +34,62 @@ KEYS = [
 RUN_FLAGS = [*SMALL, "--total-timesteps", "1000", "--checkpoint-every", "500"]
 
 
+# What each update is computed from, copied at its backward() by tests/probe.py: the sampled batch, both networks with
+# the noise they drew (non-persistent buffers, not in a state dict), the sum tree sampled from.
+NETWORKS = [f"{net}.{stream}" for net in ("q_network", "target_network") for stream in ("value", "advantage")]
+NOISE = [f"{name}.{layer}.{eps}" for name in NETWORKS for layer in (0, 2) for eps in ("eps_in", "eps_out")]
+BATCH_NAMES = ["leaves", "weights", "obs_b", "next_obs_b", "actions_b", "returns_b", "discounts_b", "beta"]
+BATCH_NAMES += ["q_network", "target_network", "rb.tree.nodes", "rb.max_priority", *NOISE]
+STEP_NAMES = ["obs", "actions", "rewards", "terminations", "truncations", "infos"]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """One MinAtar run to the end: the smoke test reads it, the resume test compares against it."""
+    """One MinAtar run to the end under tests/probe.py (which only observes): the loop tests read what its loop saw
+    and computed, the smoke test its logs, the resume test compares against it."""
+    from probe import probe_script
+
     workdir = tmp_path_factory.mktemp("uninterrupted")
     flags = [*RUN_FLAGS, "--save-model", "--eval-episodes", "2", "--exp-name", "mine"]  # operational: resumes alike
-    result = run_script("rainbow_atari.py", *flags, cwd=workdir)
-    assert result.returncode == 0, result.stderr
+    trace = probe_script("rainbow_atari.py", flags, workdir, watch=STEP_NAMES, at_backward=BATCH_NAMES, final=["rb"])
     (run_dir,) = run_dirs(workdir)
-    return result, run_dir
+    return trace, run_dir
 
 
 def test_minatar_smoke_writes_finite_scalars_and_evaluates_saved_model(uninterrupted):
-    result, run_dir = uninterrupted
+    trace, run_dir = uninterrupted
     scalars = read_scalars(run_dir)
     assert_finite_keys(scalars, KEYS + ["eval/episodic_return"])
     assert len(scalars["eval/episodic_return"]) == 2
     assert scalars["charts/beta"] == [(1000, 1.0)]  # annealed from 0.4 to 1 at the end
     assert torch.load(run_dir / "mine.cleanrl_model", weights_only=False)["script"] == "rainbow_atari"
-    assert "1,000/1,000 steps" in result.stdout
+    assert "1,000/1,000 steps" in trace.stdout
 
 
-def test_atari_smoke_runs_the_nature_cnn(workdir):
-    # 137 vector steps of 8 games (the Atari CNN on the CPU is slow), to the first log at step 1000.
+def test_atari_smoke_runs_the_nature_cnn_and_stores_what_the_loop_saw(workdir):
+    # 137 vector steps of 8 games (the Atari CNN on the CPU is slow), to the first log at step 1000, under
+    # tests/probe.py: Breakout has lives, so the rows stored show how life losses are stored.
+    from probe import probe_script
+
     flags = ["--num-envs", "8", "--train-frequency", "8", "--total-timesteps", "1096", "--learning-starts", "900"]
     flags += ["--buffer-size", "2000", "--batch-size", "4", "--checkpoint-every", "1000"]
-    result = run_script("rainbow_atari.py", *flags, cwd=workdir)
-    assert result.returncode == 0, result.stderr
+    trace = probe_script("rainbow_atari.py", flags, workdir, watch=STEP_NAMES, final=["rb"])
     (run_dir,) = run_dirs(workdir)
     assert_finite_keys(read_scalars(run_dir), ["charts/SPS", "charts/beta", "losses/loss", "losses/q_values"])
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert checkpoint["envs"] is None  # ALE cannot be saved: a resume starts fresh games
     assert checkpoint["replay_buffer"]["frames"].shape[1:] == (8, 1, 84, 84)  # one uint8 frame per row
     assert checkpoint["replay_buffer"]["frames"].dtype == torch.uint8
+    # Row t of the buffer (250 rows per env: nothing overwritten) is loop step t, as the loop saw it.
+    stream, rb = stream_of(trace), trace.final["rb"]
+    assert rb["size"] == 137
+    assert torch.equal(rb["frames"], stream["obs"][:, :, -1:])  # the newest frame of the observation acted on
+    assert rb["actions"].tolist() == stream["actions"].tolist()
+    assert rb["rewards"].tolist() == stream["rewards"].tolist()  # clipped to their sign
+    assert rb["terminations"].tolist() == stream["ends"].tolist()  # game overs and lost lives
+    assert rb["valid"].tolist() == (~stream["resets"]).tolist()  # an autoreset step is no transition
+    lives_lost = sum(int(entry["infos"]["life_loss"].sum()) for entry in trace.steps if "infos" in entry)
+    assert lives_lost >= 4 and stream["rewards"].any(), lives_lost
 
 
 # --- the sum tree --------------------------------------------------------------------------------------------------
@@ -505,7 +516,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_priorities_include
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert checkpoint["global_step"] == 504 and checkpoint["envs"] is not None  # MinAtar games are saved
     priorities = checkpoint["replay_buffer"]["priorities"]
-    assert len(priorities.unique()) > 50 and checkpoint["replay_buffer"]["max_priority"] > 1  # learned priorities
+    assert len(priorities.unique()) > 20 and checkpoint["replay_buffer"]["max_priority"] > 1  # learned priorities
 
     resumed = run_script("rainbow_atari.py", *RUN_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
@@ -524,3 +535,131 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_priorities_include
     for param, state in straight_final["optimizer"]["state"].items():
         for key, tensor in state.items():
             assert torch.equal(final["optimizer"]["state"][param][key], tensor), (param, key)
+
+
+# --- the loop's own wiring -----------------------------------------------------------------------------------------
+# The MinAtar run above ran under tests/probe.py: every update is rebuilt from what its loop saw (the stream of steps)
+# and the copies taken at its backward(): the rows drawn against the stream, their n-step returns by a plain walk, the
+# double-Q target (the online network picks the next action, the target network gives its distribution) projected
+# one atom at a time, importance weights from the sum tree with the annealed beta, the priorities written back.
+ROWS, ENVS, N_STEP, GAMMA = 100, 8, 3, 0.9
+
+
+def stream_of(trace) -> dict:
+    """What the loop saw at each step t (the watched entry is taken as the step is counted, after envs.step): the
+    observation acted on, the actions, rewards clipped to their sign, training-episode ends (game overs and lost
+    lives) and whether the step was an autoreset (the env's previous step ended a game: NEXT_STEP)."""
+    entries = [entry for entry in trace.steps if entry["step"] > 0]
+    num_envs = len(entries[0]["actions"])
+    no_lives = np.zeros(num_envs, dtype=bool)
+    terminations = np.stack([entry["terminations"] for entry in entries])
+    game_ends = terminations | np.stack([entry["truncations"] for entry in entries])
+    return dict(
+        obs=torch.stack([entry["obs"] for entry in entries]),
+        actions=np.stack([entry["actions"] for entry in entries]),
+        rewards=np.sign(np.stack([entry["rewards"] for entry in entries])),
+        ends=terminations | np.stack([entry["infos"].get("life_loss", no_lives) for entry in entries]),
+        resets=np.concatenate([np.zeros((1, num_envs), dtype=bool), game_ends[:-1]]),
+    )
+
+
+def reference_loop_n_step(stream: dict, t: int, e: int):
+    """The n-step transition from step t of env e, walked plainly: (return, discount, bootstrap observation)."""
+    g = 0.0
+    for i in range(N_STEP):
+        if i > 0 and stream["resets"][t + i, e]:  # step t + i acted on the true final observation of a cut game
+            return g, GAMMA**i, stream["obs"][t + i, e]
+        g += GAMMA**i * stream["rewards"][t + i, e]
+        if stream["ends"][t + i, e]:
+            return g, 0.0, None
+    return g, GAMMA**N_STEP, stream["obs"][t + N_STEP, e]
+
+
+def network_as_at(update: dict, name: str) -> rainbow_atari.RainbowNetwork:
+    """`name` ("q_network" or "target_network") with the weights and the noise it had at this update."""
+    network = rainbow_atari.RainbowNetwork((4, 10, 10), 3, 1.0, n_atoms=51, v_min=-10, v_max=10, sigma0=0.5)
+    network.load_state_dict(update[name])
+    for stream in ("value", "advantage"):
+        for layer in (0, 2):
+            for eps in ("eps_in", "eps_out"):
+                setattr(getattr(network, stream)[layer], eps, update[f"{name}.{stream}.{layer}.{eps}"])
+    return network
+
+
+def test_each_update_is_the_double_q_n_step_c51_loss_weighted_by_importance_and_writes_priorities_back(uninterrupted):
+    trace, _ = uninterrupted
+    stream, updates = stream_of(trace), trace.backward
+    assert len(updates) == (1000 - 200) // 64
+    support = torch.linspace(-10, 10, 51)
+    checked = dict(cut=0, priorities=0, online_argmax_differs=0)
+    previous = None
+    for update in updates:
+        newest = update["step"] // ENVS - 1  # the loop step of the newest row
+        leaves = update["leaves"]
+        rows, envs = (leaves // ENVS).numpy(), (leaves % ENVS).numpy()
+        steps = newest - (newest - rows) % ROWS  # the loop step each drawn row holds
+        # Priorities: drawn in proportion to the tree's leaves; weights (N P(i))^-beta over their maximum, beta
+        # annealed from 0.4 to 1 over the run.
+        priorities = update["rb.tree.nodes"][-1024:][: ROWS * ENVS]
+        beta = min(1.0, 0.4 + 0.6 * update["step"] / 1000)
+        assert update["beta"] == pytest.approx(beta)
+        probs = priorities[leaves] / priorities.sum()
+        weights = (len(priorities) * probs) ** -beta
+        torch.testing.assert_close(update["weights"], (weights / weights.max()).float())
+        # The rows drawn, against the stream: observations, actions, n-step returns, discounts, bootstrap observations.
+        next_obs = update["next_obs_b"].clone()
+        for i, (t, e) in enumerate(zip(steps, envs)):
+            assert t + N_STEP <= newest, "a row is drawn only once its n-step window is complete"
+            assert (
+                torch.equal(update["obs_b"][i], stream["obs"][t, e])
+                and update["actions_b"][i] == stream["actions"][t, e]
+            )
+            g, discount, bootstrap = reference_loop_n_step(stream, t, e)
+            assert update["returns_b"][i].item() == pytest.approx(g, abs=1e-6)
+            assert update["discounts_b"][i].item() == pytest.approx(discount, rel=1e-6)
+            if bootstrap is not None:
+                assert torch.equal(update["next_obs_b"][i], bootstrap)
+                next_obs[i] = bootstrap
+            checked["cut"] += discount == 0
+        # The loss, from the copied networks and their noise.
+        q_network, target_network = network_as_at(update, "q_network"), network_as_at(update, "target_network")
+        returns, discounts = update["returns_b"].double().numpy(), update["discounts_b"].double().numpy()
+        batch = torch.arange(len(leaves))
+        with torch.no_grad():
+            next_actions = q_network.q_values(next_obs).argmax(dim=1)  # double Q: the online network chooses
+            next_probs = target_network(next_obs)[batch, next_actions].exp()  # the target network values
+            target = reference_projection(next_probs.double().numpy(), returns, discounts, support.double().numpy())
+            log_probs = q_network(update["obs_b"])[batch, update["actions_b"]]
+        cross_entropy = -(torch.as_tensor(target).float() * log_probs).sum(dim=1)
+        expected_weights = (weights / weights.max()).float()
+        assert update["loss"].item() == pytest.approx((expected_weights * cross_entropy).mean().item(), rel=1e-4)
+        checked["online_argmax_differs"] += int((next_actions != target_network.q_values(next_obs).argmax(1)).sum())
+        # The previous update's priorities, |cross-entropy| + eps to the power alpha 0.5, are in the tree this one
+        # sampled from, except on the rows the steps between rewrote (the newest rows and those whose window closed).
+        if previous is not None:
+            rewritten = {u % ROWS for u in range(previous["newest"] + 1, newest + 1)}
+            rewritten |= {(u - N_STEP) % ROWS for u in range(previous["newest"] + 1, newest + 1)}
+            for leaf, value in zip(previous["leaves"].tolist(), previous["cross_entropy"].tolist()):
+                if leaf // ENVS not in rewritten:
+                    assert priorities[leaf].item() == pytest.approx((value + 1e-6) ** 0.5, rel=1e-4)
+                    checked["priorities"] += 1
+            largest = max(previous["max_priority"], max(previous["cross_entropy"].tolist()) + 1e-6)
+            assert update["rb.max_priority"].item() == pytest.approx(largest, rel=1e-4)
+        previous = dict(leaves=leaves, cross_entropy=cross_entropy, newest=newest)
+        previous["max_priority"] = update["rb.max_priority"].item()
+    assert checked["cut"] >= 10 and checked["priorities"] >= 50 and checked["online_argmax_differs"] >= 5, checked
+
+
+def test_the_target_network_is_the_online_network_copied_every_target_network_frequency_steps(uninterrupted):
+    trace, _ = uninterrupted
+    updates = trace.backward
+    copy_steps = [400, 600, 800]  # after learning starts (200), the multiples of 200 before the last update
+    for k, update in enumerate(updates):
+        # Copied (tau 1) at the end of the iteration whose step reached a multiple of 200, after its gradient steps:
+        # the online weights that the next update found; before the first copy, the initial weights.
+        copies = [c for c in copy_steps if c < update["step"]]
+        expected = (
+            next(u for u in updates if u["step"] > copies[-1])["q_network"] if copies else updates[0]["q_network"]
+        )
+        for name, tensor in update["target_network"].items():
+            assert torch.equal(tensor, expected[name]), f"update {k} at step {update['step']}: {name}"
