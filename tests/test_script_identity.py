@@ -58,6 +58,7 @@ RUNS = {
     "sac_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY], 300, 200),
     "pqn_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PPO_TINY], 192, 100),
     "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
+    "ppo_continuous_action_hterm.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
     "sac_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
     "td3_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
     "ddpg_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
