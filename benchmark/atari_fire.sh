@@ -3,17 +3,16 @@
 # training episode and the next step presses FIRE, as CleanRL does). "before" is the commit before the change, checked
 # out as a worktree and put first on PYTHONPATH (its cleanrl_utils; the scripts have no flag for the old semantics);
 # "off" is make_envs(episodic_life=False) on the new code, which plays as "before" did.
-# Parts (all by default, or name them): fixed (a policy that never fires: game length and score, seeds 1-5), sps
-# (acting only, 8 envs, random actions, before/after interleaved), learn (ppo_atari.py at CleanRL's settings, 100k steps,
-# seeds 1-2, before and after, one run at a time), table (the learning runs' table and curves).
-# Results: benchmark/results/atari_fire.md, atari_fire.csv (fixed policies), atari_fire_learn.md/.csv and .png.
+# Parts (both by default, or name them): fixed (a policy that never fires: game length and score, seeds 1-5), sps
+# (acting only, 8 envs, random actions, before/after interleaved).
+# Results: benchmark/results/atari_fire.md (the reading), atari_fire.csv (fixed policies), atari_fire_sps.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BEFORE_COMMIT=${BEFORE_COMMIT:-615b178}
 before=${BEFORE_DIR:-/tmp/atari_fire_before}
 [ -d "$before" ] || git worktree add --detach "$before" "$BEFORE_COMMIT"
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(fixed sps learn table)
+[ ${#parts[@]} -gt 0 ] || parts=(fixed sps)
 py="uv run --all-extras python"
 for part in "${parts[@]}"; do
     case $part in
@@ -41,21 +40,6 @@ for part in "${parts[@]}"; do
             $py benchmark/atari_fire.py sps --repeats 1 --steps 1500 --envpool --env-id Breakout-v5 | sed 's/^/after,/' >> $out
         done
         ;;
-    learn)
-        # one thread per run (OMP_NUM_THREADS=1): about one core, as the machine is shared
-        for seed in 1 2; do
-            OMP_NUM_THREADS=1 PYTHONPATH=$before $py "$before/cleanrl/ppo_atari.py" --env-id BreakoutNoFrameskip-v4 \
-                --total-timesteps 100000 --seed $seed --exp-name ppo_atari_fire_off
-            OMP_NUM_THREADS=1 $py cleanrl/ppo_atari.py --env-id BreakoutNoFrameskip-v4 --total-timesteps 100000 --seed $seed \
-                --exp-name ppo_atari_fire_on
-        done
-        ;;
-    table)
-        runs=(runs/BreakoutNoFrameskip-v4__ppo_atari_fire_off__* runs/BreakoutNoFrameskip-v4__ppo_atari_fire_on__*)
-        $py -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/atari_fire_learn \
-            --mean charts/episodic_length
-        $py -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/atari_fire_learn.png
-        ;;
-    *) echo "unknown part $part (fixed, sps, learn, table)" >&2 && exit 2 ;;
+    *) echo "unknown part $part (fixed, sps)" >&2 && exit 2 ;;
     esac
 done
