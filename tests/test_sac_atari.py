@@ -1,5 +1,8 @@
 """sac_atari.py: the discrete-SAC losses on a hand-computed case, the frame-indexed replay against the observations
-the env returned, smoke runs on MinAtar (with evaluation) and Atari, SIGKILL + --resume exactness, bad input."""
+the env returned, smoke runs on MinAtar (with evaluation) and Atari, SIGKILL + --resume exactness, bad input; the
+script's own loop under tests/probe.py: the rows stored on Breakout (lives), and each update's critic, actor and
+temperature losses recomputed from the sampled rows and copied networks (the target critics' soft value), the
+target-critic copy timing."""
 
 from __future__ import annotations
 
@@ -233,14 +236,31 @@ def test_minatar_smoke_writes_finite_scalars_and_evaluates_the_saved_model(strai
     assert model["script"] == "sac_atari" and model["obs_shape"] == (4, 10, 10) and model["obs_high"] == 1.0
 
 
-def test_atari_smoke(workdir):
+def test_atari_smoke_stores_what_the_loop_saw(workdir):
+    # 900 uniformly random steps of one Breakout game, then 25 updates; under tests/probe.py: Breakout has lives, so
+    # the rows stored show how life losses are stored.
+    from probe import probe_script
+
     flags = ["--buffer-size", "1000", "--batch-size", "4", "--learning-starts", "900", "--total-timesteps", "1000"]
-    result = run_script(SCRIPT, *flags, "--target-network-frequency", "100", cwd=workdir)
-    assert result.returncode == 0, result.stderr
+    flags += ["--target-network-frequency", "100"]
+    trace = probe_script(SCRIPT, flags, workdir, watch=STEP_NAMES, final=["rb"])
     (run_dir,) = run_dirs(workdir)
     scalars = read_scalars(run_dir)
     assert_finite_keys(scalars, SAC_KEYS)  # Breakout's random games end within 1000 steps
-    assert "1,000/1,000 steps" in result.stdout
+    assert "1,000/1,000 steps" in trace.stdout
+    steps, rb = loop_steps(trace), trace.final["rb"]
+    assert len(steps) == 1000 and rb["size"] == 1000  # row t is step t: nothing overwritten
+    resets, lives = np.zeros(1, dtype=bool), 0
+    for t, step in enumerate(steps):
+        assert torch.equal(rb["frames"][t], step["obs"][:, -1:])  # the newest frame of the observation acted on
+        assert rb["actions"][t].tolist() == step["actions"].tolist()
+        assert rb["rewards"][t].tolist() == np.sign(step["rewards"]).tolist()  # clipped to their sign
+        ended = step["terminations"] | step["infos"]["life_loss"]  # game overs and lost lives
+        assert rb["terminations"][t].tolist() == ended.astype(float).tolist(), f"step {t}"
+        assert rb["valid"][t].tolist() == (~resets).tolist()  # an autoreset step is no transition
+        resets = step["terminations"] | step["truncations"]
+        lives += int(step["infos"]["life_loss"].sum())
+    assert lives >= 2, lives
 
 
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(workdir, straight_run):
@@ -309,3 +329,126 @@ def test_validate_rejects(capsys, overrides, fragment):
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], lines
+
+
+# --- the loop's own wiring ---------------------------------------------------------------------------------------
+# The script runs unchanged under tests/probe.py, which copies what its loop saw at each step and, at each of an
+# update's three backward() calls (critics, actor, alpha), the batch and the networks; the tests recompute every loss
+# from those copies with plain references. MinAtar: small networks, cheap to copy.
+LEARN_FLAGS = ["--env-id", "MinAtar/Breakout-v1", "--num-envs", "2", "--buffer-size", "1200", "--batch-size", "8"]
+LEARN_FLAGS += ["--learning-starts", "600", "--update-frequency", "40", "--target-network-frequency", "80"]
+LEARN_FLAGS += ["--total-timesteps", "1000", "--gamma", "0.9"]
+STEP_NAMES = ["obs", "obs_np", "actions", "rewards", "terminations", "truncations", "infos"]
+BATCH_NAMES = ["obs_b", "next_obs_b", "actions_b", "rewards_b", "terminations_b", "actor", "qf1", "qf2"]
+BATCH_NAMES += ["qf1_target", "qf2_target", "log_alpha", "alpha"]
+
+
+@pytest.fixture(scope="module")
+def minatar_loop(tmp_path_factory):
+    from probe import probe_script
+
+    cwd = tmp_path_factory.mktemp("learn")
+    return probe_script(SCRIPT, LEARN_FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES)
+
+
+def loop_steps(trace) -> list[dict]:
+    """One dict per loop iteration (taken as the step is counted, after envs.step): the observation acted on, the
+    actions, what the env returned."""
+    return [entry for entry in trace.steps if entry["step"] > 0]
+
+
+def transitions_seen(steps: list[dict]) -> set:
+    """(obs, action, clipped reward, training-episode end, next obs) of every real transition, as bytes."""
+    transitions = set()
+    resets = np.zeros(len(steps[0]["actions"]), dtype=bool)
+    for step in steps:
+        life_loss = step["infos"].get("life_loss", np.zeros_like(resets))
+        for env in np.flatnonzero(~resets):
+            ended = bool(step["terminations"][env] or life_loss[env])
+            obs, next_obs = step["obs"][env].numpy().tobytes(), step["obs_np"][env].tobytes()
+            transitions.add((obs, int(step["actions"][env]), float(np.sign(step["rewards"][env])), ended, next_obs))
+        resets = step["terminations"] | step["truncations"]
+    return transitions
+
+
+def network(state_dict: dict) -> sac_atari.PixelNetwork:
+    net = sac_atari.PixelNetwork((4, 10, 10), 3, 1.0)
+    net.load_state_dict(state_dict)
+    return net
+
+
+def updates_of(trace) -> list[tuple[dict, dict, dict]]:
+    """The backward() calls in threes: the critics', the actor's and alpha's of one update."""
+    calls = trace.backward
+    assert len(calls) % 3 == 0
+    return [tuple(calls[i : i + 3]) for i in range(0, len(calls), 3)]
+
+
+def test_each_update_samples_real_transitions_and_its_three_losses_match_plain_references(minatar_loop):
+    steps = loop_steps(minatar_loop)
+    transitions = transitions_seen(steps)
+    updates = updates_of(minatar_loop)
+    assert len(updates) == (1000 - 600) // 40
+    entropy_target = 0.89 * math.log(3)
+    terminal_targets = 0
+    for critic_call, actor_call, alpha_call in updates:
+        assert critic_call["step"] == actor_call["step"] == alpha_call["step"]
+        batch = critic_call
+        rows = zip(batch["obs_b"], batch["actions_b"], batch["rewards_b"], batch["terminations_b"])
+        for i, (obs, action, reward, ended) in enumerate(rows):
+            key = (
+                obs.numpy().tobytes(),
+                int(action),
+                float(reward),
+                bool(ended),
+                batch["next_obs_b"][i].numpy().tobytes(),
+            )
+            assert key in transitions, "a sampled row is not a transition the env produced"
+        # The critics: both regress on r + gamma (1 - d) sum_a' pi(a'|s') (min of the TARGET critics - alpha log pi),
+        # pi the current policy, alpha = exp(log_alpha) as the last temperature step left it.
+        alpha = batch["log_alpha"].exp().item()
+        assert batch["alpha"].item() == pytest.approx(alpha, rel=1e-6)
+        with torch.no_grad():
+            next_logits = network(batch["actor"])(batch["next_obs_b"]).double()
+            next_probs, next_log_probs = torch.softmax(next_logits, 1), torch.log_softmax(next_logits, 1)
+            next_obs = batch["next_obs_b"]
+            next_q = torch.min(network(batch["qf1_target"])(next_obs), network(batch["qf2_target"])(next_obs)).double()
+            next_value = (next_probs * (next_q - alpha * next_log_probs)).sum(1)
+            target = batch["rewards_b"] + 0.9 * (1 - batch["terminations_b"]) * next_value
+            taken = torch.arange(8), batch["actions_b"]
+            q1, q2 = network(batch["qf1"])(batch["obs_b"])[taken], network(batch["qf2"])(batch["obs_b"])[taken]
+        critic_loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
+        assert critic_call["loss"].item() == pytest.approx(critic_loss.item(), rel=1e-4)
+        terminal_targets += int(batch["terminations_b"].sum())
+        # The actor, against the critics just updated: E_s sum_a pi(a|s) (alpha log pi(a|s) - min_i Q_i(s, a)).
+        assert actor_call["actor"].keys() == batch["actor"].keys()
+        with torch.no_grad():
+            logits = network(actor_call["actor"])(batch["obs_b"]).double()
+            probs, log_probs = torch.softmax(logits, 1), torch.log_softmax(logits, 1)
+            q_min = torch.min(network(actor_call["qf1"])(batch["obs_b"]), network(actor_call["qf2"])(batch["obs_b"]))
+        actor_loss = (probs * (alpha * log_probs - q_min.double())).sum(1).mean()
+        assert actor_call["loss"].item() == pytest.approx(actor_loss.item(), rel=1e-4, abs=1e-6)
+        # alpha: E_s[-alpha sum_a pi(a|s) (log pi(a|s) + target entropy)], the policy of before the actor's step.
+        assert alpha_call["log_alpha"].item() == batch["log_alpha"].item()  # not stepped in between
+        alpha_loss = (-alpha * (probs * (log_probs + entropy_target)).sum(1)).mean()
+        assert alpha_call["loss"].item() == pytest.approx(alpha_loss.item(), rel=1e-4, abs=1e-7)
+    assert terminal_targets > 0, "some sampled transitions should end a training episode"
+    # Each update's temperature step is what the next update's target uses, and it moved: alpha is learned.
+    log_alphas = [critic_call["log_alpha"].item() for critic_call, _, _ in updates]
+    assert log_alphas[0] == 0.0 and len(set(log_alphas)) == len(log_alphas)
+
+
+def test_the_target_critics_are_the_critics_copied_every_target_network_frequency_steps(minatar_loop):
+    updates = updates_of(minatar_loop)
+    copy_steps = [c for c in range(80, 1000, 80) if c > 600]
+    for k, (critic_call, _, _) in enumerate(updates):
+        # Copied (tau 1) at the end of the iteration whose step crossed a multiple of 80, after its update: the
+        # critics that the next update found; before the first copy, the initial ones.
+        copies = [c for c in copy_steps if c < critic_call["step"]]
+        source = next(u for u, _, _ in updates if u["step"] > copies[-1]) if copies else updates[0][0]
+        for critic in ("qf1", "qf2"):
+            for name, tensor in critic_call[f"{critic}_target"].items():
+                assert torch.equal(tensor, source[critic][name]), (
+                    f"update {k} at {critic_call['step']}: {critic}.{name}"
+                )
+    assert len(copy_steps) >= 3
