@@ -3,6 +3,7 @@ make that script's tests fail. A test suite that lets one through does not test 
 
     uv run --all-extras python tests/mutants/run.py                 # every patch
     uv run --all-extras python tests/mutants/run.py dqn_atari_*     # some (names or globs, without .patch)
+    uv run --all-extras python tests/mutants/run.py --stale         # those whose result is missing or out of date
     uv run --all-extras python tests/mutants/run.py --list
 
 A patch is a unified diff against the repository (`git diff` output) preceded by comment lines: the first says what
@@ -10,16 +11,23 @@ the bug is, a `# tests:` line names the test files (or pytest node ids) that mus
 a fresh copy of cleanrl/, cleanrl_utils/, tests/ and pyproject.toml in a temporary folder, those tests run there with
 pytest (`-x`, --workers processes; the copy's cleanrl_utils first on PYTHONPATH), and the mutant is reported killed
 (the tests failed), survived (they passed) or broken (the patch did not apply, or the patched file does not compile).
-The table goes to stdout and to --report (default tests/mutants/RESULTS.md); the exit code is 1 if any survived or
-broke. Not part of CI (minutes per mutant); run it after changing a script or its tests.
+--jobs mutants run at once (each in its own copy).
+
+The report (--report, default tests/mutants/RESULTS.md) keeps one row per mutant: its last outcome and the commit it
+ran at ("+" when files it depends on had uncommitted changes). A run replaces the rows of the mutants it ran and keeps
+the others; a row is out of date when a file it depends on (the patched files, its test files, tests/conftest.py,
+tests/probe*.py, cleanrl_utils/, pyproject.toml) changed since its commit. The exit code is 1 if any mutant of this
+run survived or broke. Not part of CI (minutes per mutant); run it after changing a script or its tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import fnmatch
 import os
 import py_compile
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +38,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 COPIED = ("cleanrl", "cleanrl_utils", "tests", "pyproject.toml")
+SHARED = ["tests/conftest.py", "tests/probe*.py", "cleanrl_utils", "pyproject.toml"]  # every mutant's tests use them
+HEADER = "| mutant | planted bug | tests | outcome | seconds | commit | first failure |"
 
 
 def read_patch(path: Path) -> tuple[str, list[str]]:
@@ -43,6 +53,69 @@ def read_patch(path: Path) -> tuple[str, list[str]]:
 
 def patched_files(path: Path) -> list[str]:
     return [line[len("+++ b/") :].strip() for line in path.read_text().splitlines() if line.startswith("+++ b/")]
+
+
+def depends_on(path: Path) -> list[str]:
+    """The files whose change can change this mutant's outcome (git pathspecs)."""
+    _, tests = read_patch(path)
+    return sorted({*patched_files(path), *(t.split("::")[0] for t in tests), *SHARED})
+
+
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def commit_of(path: Path) -> str:
+    """HEAD's short hash, with "+" when a file the mutant depends on differs from HEAD."""
+    head = git("rev-parse", "--short", "HEAD").stdout.strip()
+    dirty = git("diff", "--quiet", "HEAD", "--", *depends_on(path)).returncode != 0
+    return head + ("+" if dirty else "")
+
+
+def is_current(path: Path, row: dict) -> bool:
+    """A row is current if it ran at a clean commit and nothing it depends on changed since (working tree included)."""
+    commit = row["commit"]
+    if not commit or commit.endswith("+"):
+        return False
+    return git("diff", "--quiet", commit, "--", *depends_on(path)).returncode == 0
+
+
+def read_report(report: Path) -> dict[str, dict]:
+    """The rows of an earlier report, by mutant name."""
+    rows = {}
+    if report.is_file():
+        for line in report.read_text().splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 7 and cells[0] not in ("mutant", "---"):
+                keys = ("mutant", "what", "tests", "outcome", "seconds", "commit", "detail")
+                rows[cells[0]] = dict(zip(keys, cells))
+    return rows
+
+
+def write_report(report: Path, rows: dict[str, dict], patches: list[Path]) -> None:
+    by_name = {p.stem: p for p in patches}
+    kept = {name: row for name, row in rows.items() if name in by_name}  # a deleted patch's row goes
+    counts: dict[str, int] = {}
+    for row in kept.values():
+        counts[row["outcome"].split()[0]] = counts.get(row["outcome"].split()[0], 0) + 1
+    current = sum(is_current(by_name[name], row) for name, row in kept.items())
+    missing = len(patches) - len(kept)
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    lines = [
+        f"# Planted bugs: last results ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        f"`uv run --all-extras python tests/mutants/run.py`: {len(patches)} mutants; rows: {summary}"
+        + (f"; {missing} never run" if missing else "")
+        + f". {current} of {len(kept)} rows are current (nothing they depend on changed since their commit).",
+        "",
+        HEADER,
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in sorted(kept):
+        row = kept[name]
+        cells = [name, row["what"], row["tests"], row["outcome"], row["seconds"], row["commit"], row["detail"]]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    report.write_text("\n".join(lines) + "\n")
 
 
 def run_mutant(path: Path, workers: int, timeout: float) -> tuple[str, float, str]:
@@ -84,40 +157,51 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="patch names or globs (default: all)")
     parser.add_argument("--list", action="store_true", help="list the patches and what each plants, then exit")
+    parser.add_argument("--stale", action="store_true", help="only mutants whose report row is missing or out of date")
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers per mutant (default 2)")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a mutant's tests may take")
-    parser.add_argument("--report", default=str(HERE / "RESULTS.md"), help="where to write the table ('' for none)")
+    parser.add_argument("--report", default=str(HERE / "RESULTS.md"), help="the report to update ('' for none)")
     args = parser.parse_args()
-    patches = sorted(HERE.glob("*.patch"))
+    every_patch = sorted(HERE.glob("*.patch"))
+    patches = every_patch
     if args.names:
         wanted = [n.removesuffix(".patch") for n in args.names]
         patches = [p for p in patches if any(fnmatch.fnmatch(p.stem, w) for w in wanted)]
         if not patches:
             print(f"no patch matches {' '.join(args.names)}", file=sys.stderr)
             raise SystemExit(2)
+    report = Path(args.report) if args.report else None
+    rows = read_report(report) if report else {}
+    if args.stale:
+        patches = [p for p in patches if p.stem not in rows or not is_current(p, rows[p.stem])]
     if args.list:
         for path in patches:
             print(f"{path.stem}: {read_patch(path)[0]}")
         return
-    rows, counts = [], {}
-    for path in patches:
-        what, tests = read_patch(path)
-        outcome, seconds, detail = run_mutant(path, args.workers, args.timeout)
-        counts[outcome.split()[0]] = counts.get(outcome.split()[0], 0) + 1
-        print(f"{outcome:>17}  {seconds:6.0f} s  {path.stem}: {what}  [{detail}]", flush=True)
-        rows.append(f"| {path.stem} | {what} | {' '.join(tests)} | {outcome} | {seconds:.0f} | {detail} |")
+    counts: dict[str, int] = {}
+    commits = {path: commit_of(path) for path in patches}  # before the runs: what they ran against
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(run_mutant, path, args.workers, args.timeout): path for path in patches}
+        for future in concurrent.futures.as_completed(futures):
+            path = futures[future]
+            what, tests = read_patch(path)
+            outcome, seconds, detail = future.result()
+            counts[outcome.split()[0]] = counts.get(outcome.split()[0], 0) + 1
+            print(f"{outcome:>17}  {seconds:6.0f} s  {path.stem}: {what}  [{detail}]", flush=True)
+            rows[path.stem] = dict(
+                mutant=path.stem,
+                what=what,
+                tests=" ".join(tests),
+                outcome=outcome,
+                seconds=f"{seconds:.0f}",
+                commit=commits[path],
+                detail=re.sub(r"\s+", " ", detail),
+            )
+            if report:
+                write_report(report, rows, every_patch)  # after each mutant: an interrupted run keeps its rows
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
     print(f"{len(patches)} mutants: {summary}")
-    if args.report and not args.names:
-        header = "| mutant | planted bug | tests | outcome | seconds | first failure |\n|---|---|---|---|---|---|"
-        Path(args.report).write_text(
-            f"# Planted bugs: last full run ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
-            f"`uv run --all-extras python tests/mutants/run.py`: {len(patches)} mutants, {summary}.\n\n"
-            + header
-            + "\n"
-            + "\n".join(rows)
-            + "\n"
-        )
     raise SystemExit(1 if counts.get("survived") or counts.get("broken") else 0)
 
 
