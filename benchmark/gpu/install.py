@@ -1,18 +1,14 @@
-"""Install the offline wheelhouse (benchmark/gpu/build_wheelhouse.py) on a GPU node with the node's own python3:
-no package index, no uv, the node's torch and its other packages untouched (everything goes into one --target
-folder, which PYTHONPATH then puts first).
+"""Install the GPU kit (benchmark/gpu/build_kit.py) on the node with its own python3: no package index, no pip, no
+uv, the node's torch and other packages untouched (everything goes into one --target folder, which PYTHONPATH then
+puts first). Standard library only.
 
-    python3 benchmark/gpu/install.py benchmark/gpu/wheelhouse/batch-01 [batch-02 ...] --target benchmark/gpu/site
-    export PYTHONPATH=$PWD/benchmark/gpu/site:$PWD
+    python3 benchmark/gpu/install.py benchmark/gpu/kit/call-02 [more call folders] --target benchmark/gpu/site
 
-It is incremental: feed it the batches over as many calls as they need (one 64 MiB device call each). Each call
-checks the SHA-256 of every part of the batches it is given (a missing or damaged part is refused in one line,
-before anything is installed), keeps parts of files still incomplete under TARGET/.kit/parts, reassembles each file
-whose parts are all in, checks it against the manifest and installs it with
-`python3 -m pip install --no-index --find-links ... --no-deps --target`. A wheel of a distribution the node already
-has at a version that meets every requirement of the kit is not installed (the node's copy is used). When the last
-file is in, it prints `kit complete` and writes TARGET/.kit/complete; --require-complete makes an unfinished kit an
-error. Needs only the standard library and pip.
+Incremental, one call's folder at a time (benchmark/gpu/call.sh runs it): the pieces each folder should hold are
+checked against the manifest (SHA-256) before anything is touched (a missing or damaged one is refused in one line),
+kept under TARGET/.kit/parts, and each group whose pieces are all in is checked whole, its requirements on the
+node's own packages checked against the node's versions, and unpacked into TARGET. --require GROUP makes a group
+not yet complete an error.
 """
 
 from __future__ import annotations
@@ -25,15 +21,8 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
+import tarfile
 from pathlib import Path
-
-try:
-    from packaging.requirements import Requirement
-    from packaging.version import Version
-except ImportError:  # pip carries its own copy
-    from pip._vendor.packaging.requirements import Requirement
-    from pip._vendor.packaging.version import Version
 
 MIB = 1 << 20
 
@@ -59,161 +48,109 @@ def node_versions() -> dict[str, str]:
     return {canonical(name): version for name, version in json.loads(result.stdout).items() if name}
 
 
-def plan(manifest: dict, node: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """({dist: 'install' or 'node'}, notes): a kit wheel is installed unless the node's version meets every
-    specifier that the kit's roots and the wheels being installed put on it; a requirement neither can meet is fatal."""
-    kit = {f["dist"]: f for f in manifest["files"]}
-    action = {dist: "node" if dist in node else "install" for dist in kit}
-    while True:
-        wanted: dict[str, list[tuple[str, Requirement]]] = {}
-        for text in manifest["roots"]:
-            wanted.setdefault(canonical(Requirement(text).name), []).append(("the benchmarks", Requirement(text)))
-        for dist, f in kit.items():
-            if action[dist] == "install":
-                for text in f["requires"]:
-                    wanted.setdefault(canonical(Requirement(text).name), []).append((dist, Requirement(text)))
-        changed = False
-        for name, reqs in wanted.items():
-            if name in kit and action[name] == "node":
-                if not all(r.specifier.contains(Version(node[name]), prereleases=True) for _, r in reqs):
-                    action[name], changed = "install", True
-        if not changed:
-            break
-    notes = []
-    for name, reqs in sorted(wanted.items()):
-        if name in kit and action[name] == "install":
-            version = kit[name]["version"]
-            bad = [
-                f"{who} needs {r}" for who, r in reqs if not r.specifier.contains(Version(version), prereleases=True)
-            ]
-            if bad:
-                fail(f"the kit's {name} {version} does not meet its own requirements ({'; '.join(bad)}): rebuild it")
-            if name in node:
-                needs = "; ".join(f"{who} needs {r}" for who, r in reqs)
-                notes.append(f"{name}: the node's {node[name]} is shadowed by the kit's {version} ({needs})")
-        elif name not in kit:
-            have = node.get(name)
-            bad = [f"{who} needs {r}" for who, r in reqs if have is None or not r.specifier.contains(Version(have))]
-            if bad:
-                fail(f"{name} is not in the kit and the node has {have or 'none'}: {'; '.join(bad)}")
-    return action, notes
+def unmet(needs: list[str], node: dict[str, str]) -> list[str]:
+    """The requirements (name + specifier, as the manifest writes them) that the node's versions do not meet."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip carries its own copy
+        from pip._vendor.packaging.requirements import Requirement
+    bad = []
+    for text in needs:
+        req = Requirement(text)
+        have = node.get(canonical(req.name))
+        if have is None or not req.specifier.contains(have, prereleases=True):
+            bad.append(f"{text} (the node has {have or 'none'})")
+    return bad
 
 
-def read_batches(folders: list[Path]) -> tuple[dict, dict[int, Path]]:
-    """The manifest the batch folders carry (all the same kit) and {batch number: folder}."""
-    manifest, batches = None, {}
+def read_calls(folders: list[Path]) -> tuple[dict, dict[int, Path]]:
+    """The manifest the call folders carry (all the same kit) and {call number: folder}."""
+    manifest, calls = None, {}
     for folder in folders:
-        match = re.fullmatch(r"batch-(\d+)", folder.name)
+        match = re.fullmatch(r"call-(\d+)", folder.name)
         if match is None or not (folder / "manifest.json").is_file():
-            fail(f"{folder}: not a batch folder of the wheelhouse (batch-NN holding a manifest.json)")
+            fail(f"{folder}: not a call folder of the GPU kit (call-NN holding a manifest.json)")
         this = json.loads((folder / "manifest.json").read_text())
         if manifest is not None and this["kit"] != manifest["kit"]:
-            fail(f"{folder} belongs to kit {this['kit']}, the other batches to kit {manifest['kit']}: rebuild or pick")
+            fail(f"{folder} belongs to kit {this['kit']}, the other folders to kit {manifest['kit']}: rebuild or pick")
         manifest = this
-        batches[int(match.group(1))] = folder
-    return manifest, batches
-
-
-def merge(source: Path, target: Path) -> None:
-    """Move the tree under source into target, folder by folder (packages sharing a namespace folder both stay)."""
-    for entry in source.iterdir():
-        destination = target / entry.name
-        if entry.is_dir() and destination.is_dir():
-            merge(entry, destination)
-        else:
-            if destination.is_dir():
-                shutil.rmtree(destination)
-            os.replace(entry, destination)
+        calls[int(match.group(1))] = folder
+    return manifest, calls
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("batches", type=Path, nargs="+", help="batch folders of the wheelhouse (batch-NN)")
+    parser.add_argument("calls", type=Path, nargs="+", help="call folders of the kit (call-NN)")
     parser.add_argument("--target", type=Path, required=True, help="the folder to install into (put on PYTHONPATH)")
-    parser.add_argument("--require-complete", action="store_true", help="an unfinished kit is an error")
+    parser.add_argument("--require", nargs="*", default=[], help="groups that must be complete after this call")
     args = parser.parse_args()
-    manifest, batches = read_batches(args.batches)
+    manifest, calls = read_calls(args.calls)
+    groups = {g["name"]: g for g in manifest["groups"]}
+    unknown = [name for name in args.require if name not in groups]
+    if unknown:
+        fail(f"--require {' '.join(unknown)}: kit {manifest['kit']} has the groups {', '.join(groups)}")
     kit_dir = args.target / ".kit"
     state_path = kit_dir / "state.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else None
-    if state is not None and state["kit"] != manifest["kit"]:
-        fail(f"{args.target} holds kit {state['kit']}, these batches are kit {manifest['kit']}: remove {args.target}")
-    if state is None:
-        action, notes = plan(manifest, node_versions())
-        state = {"kit": manifest["kit"], "action": action, "done": {}, "seen": [], "notes": notes}
-        for note in notes:
-            print(note)
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {"kit": manifest["kit"], "done": []}
+    if state["kit"] != manifest["kit"]:
+        fail(f"{args.target} holds kit {state['kit']}, these calls are kit {manifest['kit']}: remove {args.target}")
     stash = kit_dir / "parts"
-    stash.mkdir(parents=True, exist_ok=True)
 
-    # 1. Every part of every batch given: present and as the manifest says, before anything is touched.
+    # 1. Every piece these calls should hold: present and as the manifest says, before anything is touched.
     given = {}
-    for f in manifest["files"]:
-        for part in f["parts"]:
-            folder = batches.get(part["batch"])
-            if folder is None or f["name"] in state["done"] or (stash / part["name"]).exists():
+    for group in manifest["groups"]:
+        for part in group["parts"]:
+            folder = calls.get(part["call"])
+            if folder is None or group["name"] in state["done"] or (stash / part["name"]).exists():
                 continue
             path = folder / part["name"]
             if not path.is_file():
-                fail(f"missing part {part['name']} of batch {part['batch']} ({folder}): carry the whole batch again")
+                fail(f"missing piece {part['name']} of call {part['call']} ({folder}): carry the whole folder again")
             if path.stat().st_size != part["size"] or sha256(path) != part["sha256"]:
-                fail(f"checksum mismatch: {path} is not the part the manifest lists (sha256 {part['sha256'][:16]}...)")
+                fail(f"checksum mismatch: {path} is not the piece the manifest lists (sha256 {part['sha256'][:16]}...)")
             given[part["name"]] = path
+    stash.mkdir(parents=True, exist_ok=True)
     for name, path in given.items():
         shutil.copyfile(path, stash / (name + ".tmp"))
         os.replace(stash / (name + ".tmp"), stash / name)
 
-    # 2. Files whose parts are all in: reassembled, checked, then the ones to install go to pip in one call.
-    wheels_dir = kit_dir / "wheels"
-    wheels_dir.mkdir(exist_ok=True)
-    ready, kept = [], []
-    for f in manifest["files"]:
-        if f["name"] in state["done"] or not all((stash / p["name"]).exists() for p in f["parts"]):
+    # 2. Groups whose pieces are all in: joined, checked, their needs of the node checked, unpacked.
+    node = None
+    installed = []
+    for group in manifest["groups"]:
+        if group["name"] in state["done"] or not all((stash / p["name"]).exists() for p in group["parts"]):
             continue
-        if state["action"][f["dist"]] == "node":
-            kept.append(f)
-            continue
-        wheel = wheels_dir / f["name"]
-        with wheel.open("wb") as out:
-            for part in f["parts"]:
+        node = node if node is not None else node_versions()
+        bad = unmet(group["needs"], node)
+        if bad:
+            fail(f"group {group['name']} needs of the node's own packages what it lacks: {'; '.join(bad)}")
+        archive = kit_dir / group["archive"]
+        with archive.open("wb") as out:
+            for part in group["parts"]:
                 with (stash / part["name"]).open("rb") as src:
                     shutil.copyfileobj(src, out, MIB)
-        if sha256(wheel) != f["sha256"]:
-            wheel.unlink()
-            fail(f"checksum mismatch: {f['name']} reassembled from its parts is not the file the manifest lists")
-        ready.append(f)
-    if ready:
-        with tempfile.TemporaryDirectory(dir=kit_dir) as stage:
-            command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheels_dir)]
-            command += ["--no-deps", "--no-compile", "--disable-pip-version-check", "--target", stage]
-            env = {**os.environ, "PIP_ROOT_USER_ACTION": "ignore"}  # root on a GPU node is the norm
-            result = subprocess.run(command + [f"{f['dist']}=={f['version']}" for f in ready], env=env)
-            if result.returncode != 0:
-                fail(f"pip could not install {', '.join(f['name'] for f in ready)} (its message is above)")
-            merge(Path(stage), args.target)
-    for f in ready + kept:
-        state["done"][f["name"]] = "installed" if f in ready else "node"
-        for part in f["parts"]:
+        if sha256(archive) != group["sha256"]:
+            archive.unlink()
+            fail(f"checksum mismatch: {group['archive']} joined from its pieces is not the archive the manifest lists")
+        with tarfile.open(archive, "r:xz") as tar:
+            tar.extractall(args.target, filter="data")
+        archive.unlink()
+        for part in group["parts"]:
             (stash / part["name"]).unlink()
-        (wheels_dir / f["name"]).unlink(missing_ok=True)
-    state["seen"] = sorted(set(state["seen"]) | set(batches))
+        state["done"].append(group["name"])
+        state_path.write_text(json.dumps(state, indent=1))
+        installed.append(group["name"])
+    state_path.parent.mkdir(parents=True, exist_ok=True)
     state_path.write_text(json.dumps(state, indent=1))
 
-    waiting = sorted({p["batch"] for f in manifest["files"] if f["name"] not in state["done"] for p in f["parts"]})
-    waiting = [b for b in waiting if b not in state["seen"]]
-    installed = sum(v == "installed" for v in state["done"].values())
+    waiting = [g["name"] for g in manifest["groups"] if g["name"] not in state["done"]]
     print(
-        f"kit {manifest['kit']}: {len(ready)} wheels installed now, {installed} in all, "
-        f"{sum(v == 'node' for v in state['done'].values())} left to the node's own copy, into {args.target}"
+        f"kit {manifest['kit']}: {', '.join(installed) or 'no group'} installed now; in {args.target}: "
+        f"{', '.join(state['done']) or 'nothing yet'}" + (f"; waiting for {', '.join(waiting)}" if waiting else "")
     )
-    if waiting:
-        missing = ", ".join(f"{b:02d}" for b in waiting)
-        if args.require_complete:
-            fail(f"kit {manifest['kit']} is not complete: batches {missing} of {manifest['batches']} not yet given")
-        print(f"waiting for batches {missing} of {manifest['batches']}")
-    else:
-        (kit_dir / "complete").write_text(f"{manifest['kit']}\n")
-        print(f"kit complete: export PYTHONPATH={args.target.resolve()}:$PYTHONPATH")
+    missing = [name for name in args.require if name not in state["done"]]
+    if missing:
+        fail(f"kit {manifest['kit']}: {', '.join(missing)} not complete after calls {', '.join(map(str, calls))}")
 
 
 if __name__ == "__main__":

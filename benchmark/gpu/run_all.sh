@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every GPU measurement of the project in one command that ends inside 10 minutes, run with the node's own python3
-# and the kit's packages (benchmark/gpu/install.py into benchmark/gpu/site): no uv, no package index.
+# Every GPU measurement of the project, item by item, run with the node's own python3 and the kit's packages
+# (benchmark/gpu/install.py into benchmark/gpu/site): no uv, no package index. benchmark/gpu/call.sh runs, in each
+# device call of the runbook (benchmark/gpu/README.md), the items whose packages that call completes (ONLY=...).
 #   bash benchmark/gpu/run_all.sh           # on the GPU node; results in $RESULTS (benchmark/results)
 #   bash benchmark/gpu/run_all.sh --tiny    # a CPU, every item at tiny sizes (tests/test_gpu_kit.py runs this)
 # Items, in order of priority, with the seconds planned for each on an H200 (the windows are environment knobs):
