@@ -9,16 +9,18 @@ scalars are read back every --log-every iterations. Truncations are bootstrapped
 
 Action space: a one-dimensional Box. Simulators (`--simulator auto`: Isaac Gym when importable, else MuJoCo Warp):
 - MuJoCo Warp (installed with the project; CPU too, slowly): Ant, Humanoid, Hopper, HalfCheetah, Walker2d with
-  gymnasium's v5 observations, rewards, terminations, resets and time limit. Checkpoints hold the simulator state,
-  so a resumed run continues the same episodes (exactly, on the CPU).
-- Isaac Gym through isaacgymenvs (Ant, Humanoid, Anymal, ShadowHand ...; see the README). Its state cannot be
-  saved: a resumed Isaac Gym run continues with freshly reset environments, and says so.
+  gymnasium's v5 observations, rewards, terminations, resets and time limit (cleanrl_utils/envs/mujoco_warp_env.py).
+  Checkpoints hold the simulator state, so a resumed run continues the same episodes (exactly, on the CPU).
+- Isaac Gym through isaacgymenvs (Ant, Humanoid, Anymal, ShadowHand ...; see the README;
+  cleanrl_utils/envs/isaacgym_env.py). Its state cannot be saved: a resumed Isaac Gym run continues with freshly
+  reset environments, and says so.
 
     uv run python cleanrl/ppo_isaacgym.py --env-id Ant
 
 Expect Isaac Gym Ant ~3,950 after 240 s on a GPU (CleanRL's figure); CPU runs: benchmark/results/ppo_isaacgym_cpu.md.
 """
 
+import copy
 import importlib.util
 import math
 import os
@@ -40,7 +42,15 @@ import torch.nn as nn
 import tyro
 from torch.distributions import Normal
 
-from cleanrl_utils.checkpoint import load_model
+from cleanrl_utils.checkpoint import load_model, restore_rng_state, rng_state
+from cleanrl_utils.envs.isaacgym_env import (
+    ISAACGYM_INSTALL,
+    ISAACGYM_TASKS,
+    IsaacGymVecEnv,
+    isaacgym_available,
+    isaacgym_tasks,
+)
+from cleanrl_utils.envs.mujoco_warp_env import WARP_TASKS, MuJoCoWarpVecEnv
 from cleanrl_utils.errors import check_positive, fail
 from cleanrl_utils.run import Run
 
@@ -79,6 +89,10 @@ class Args:
     # Algorithm specific arguments
     simulator: Literal["auto", "isaacgym", "mujoco-warp"] = "auto"
     """the simulator: auto takes Isaac Gym when it is importable, MuJoCo Warp otherwise"""
+    nconmax: Optional[int] = None
+    """MuJoCo Warp: contact slots per world, pooled across worlds (None: the task's default in WARP_TASKS)"""
+    njmax: Optional[int] = None
+    """MuJoCo Warp: constraint rows per world (None: the task's default in WARP_TASKS)"""
     learning_rate: float = 0.0026
     """the learning rate of the optimizer"""
     num_envs: int = 4096
@@ -137,21 +151,6 @@ class Args:
 
 # --- the simulators ---------------------------------------------------------------------------------
 
-ISAACGYM_INSTALL = (
-    "--simulator isaacgym needs Isaac Gym, which no package registry has: in a Python 3.8 "
-    "environment, pip install NVIDIA's Isaac Gym Preview 4 tarball (isaacgym/python) and "
-    "isaacgymenvs (github.com/isaac-sim/IsaacGymEnvs); see the README"
-)
-# Some of isaacgymenvs's tasks, to tell a user without Isaac Gym why a task name is unknown.
-ISAACGYM_TASKS = (
-    "Ant Anymal AnymalTerrain AllegroHand BallBalance Cartpole FrankaCabinet Humanoid Ingenuity Quadcopter "
-    "ShadowHand Trifinger"
-).split()
-
-
-def isaacgym_available() -> bool:
-    return importlib.util.find_spec("isaacgym") is not None and importlib.util.find_spec("isaacgymenvs") is not None
-
 
 def resolve_simulator(simulator: str) -> str:
     if simulator == "auto":
@@ -159,299 +158,29 @@ def resolve_simulator(simulator: str) -> str:
     return simulator
 
 
-@dataclass(frozen=True)
-class WarpTask:
-    """A gymnasium v5 MuJoCo task: its model file and the constants of its reward and termination."""
-
-    xml: str
-    frame_skip: int
-    forward_weight: float
-    ctrl_cost: float
-    healthy_reward: float
-    reset_noise: float
-    normal_qvel_noise: bool  # qvel noise: scale * N(0, 1) (Ant, HalfCheetah) or U(-scale, scale)
-    nconmax: int  # contacts and constraint rows allocated per world
-    njmax: int
-
-
-WARP_TASKS = {
-    "Ant": WarpTask("ant.xml", 5, 1.0, 0.5, 1.0, 0.1, True, 32, 128),
-    "Humanoid": WarpTask("humanoid.xml", 5, 1.25, 0.1, 5.0, 1e-2, False, 64, 256),
-    "Hopper": WarpTask("hopper.xml", 4, 1.0, 1e-3, 1.0, 5e-3, False, 16, 64),
-    "HalfCheetah": WarpTask("half_cheetah.xml", 5, 1.0, 0.1, 0.0, 0.1, True, 32, 128),
-    "Walker2d": WarpTask("walker2d_v5.xml", 4, 1.0, 1e-3, 1.0, 5e-3, False, 16, 64),
-}
-MAX_EPISODE_STEPS = 1000  # gymnasium's TimeLimit for all five tasks
-
-
-class MuJoCoWarpVecEnv:
-    """`num_envs` copies of a gymnasium v5 MuJoCo task, simulated together by MuJoCo Warp.
-
-    The simulator's arrays (qpos, qvel, xpos, cfrc_ext ...) are viewed as torch tensors without copies
-    (`wp.to_torch`), so observations, rewards and terminations are torch operations on the device. step() resets the
-    worlds whose episode ended with masked writes and returns the observation after the reset, with the true final
-    observations in info["final_obs"]. Two model changes are needed for MuJoCo Warp: Ant uses an elliptic friction
-    cone (with the pyramidal one MuJoCo Warp and MuJoCo pick different friction directions on Ant's steep capsule
-    contacts), Humanoid the Newton solver (MuJoCo Warp has no PGS).
-    """
-
-    # What the next steps depend on, saved in checkpoints with the reset RNG: the simulator state, the step counters,
-    # the episode statistics and the position the next forward reward is measured from.
-    STATE = "qpos qvel qacc_warmstart time ctrl elapsed episode_return episode_length position_before".split()
-
-    def __init__(self, env_id: str, num_envs: int, device: torch.device, seed: int):
-        import gymnasium
-        import mujoco
-        import warp as wp
-
-        wp.config.quiet = True  # no line per compiled kernel module
-        import mujoco_warp as mjw
-
-        self.mjw, self.wp = mjw, wp
-        self.task = task = WARP_TASKS[env_id]
-        self.env_id, self.num_envs, self.device = env_id, num_envs, device
-        assets = os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets")
-        mjm = mujoco.MjModel.from_xml_path(os.path.join(assets, task.xml))
-        if env_id == "Ant":
-            mjm.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
-        if env_id == "Humanoid":
-            mjm.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
-        self.dt = mjm.opt.timestep * task.frame_skip
-        self.wp_device = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
-        with wp.ScopedDevice(self.wp_device):
-            self.model = mjw.put_model(mjm)
-            self.data = mjw.make_data(mjm, nworld=num_envs, nconmax=task.nconmax, njmax=task.njmax)
-        # The simulator's arrays that the task reads and writes, viewed as torch tensors (no copies).
-        views = "qpos qvel ctrl time qacc_warmstart xpos xipos cfrc_ext cinert cvel qfrc_actuator"
-        for name in views.split():
-            setattr(self, name, wp.to_torch(getattr(self.data, name)))
-        self.init_qpos = torch.as_tensor(mjm.qpos0, dtype=torch.float32, device=device)
-        self.body_mass = torch.as_tensor(mjm.body_mass, dtype=torch.float32, device=device)
-        ctrl_range = torch.as_tensor(mjm.actuator_ctrlrange, dtype=torch.float32, device=device)
-        self.action_low, self.action_high = ctrl_range[:, 0], ctrl_range[:, 1]
-        self.nq, self.nv, self.act_dim = mjm.nq, mjm.nv, mjm.nu
-        self.contact_dims = (mjm.nbody - 1) * 6  # cfrc_ext of every body but the world
-        self.generator = torch.Generator(device).manual_seed(seed)
-        # Episode bookkeeping, all tensors on the device.
-        self.elapsed = torch.zeros(num_envs, dtype=torch.int32, device=device)
-        self.episode_return = torch.zeros(num_envs, device=device)
-        self.episode_length = torch.zeros(num_envs, dtype=torch.int32, device=device)
-        # The position the forward velocity is measured from: gymnasium reads it before the step.
-        self.position_before = torch.zeros((num_envs, 2 if env_id in ("Ant", "Humanoid") else 1), device=device)
-        self.graph = None
-        if device.type == "cuda":
-            # One stream for torch and Warp: their work is ordered without host synchronisation.
-            torch.cuda.set_stream(wp.stream_to_torch(wp.get_stream(self.wp_device)))
-            with wp.ScopedDevice(self.wp_device), wp.ScopedCapture() as capture:
-                self._simulate()
-            self.graph = capture.graph
-        self.obs_dim = self.reset().shape[1]
-
-    def _simulate(self) -> None:
-        """The physics of one environment step: frame_skip MuJoCo steps, then the contact forces
-        (cfrc_ext, which MuJoCo leaves stale after a step; gymnasium computes them the same way)."""
-        for _ in range(self.task.frame_skip):
-            self.mjw.step(self.model, self.data)
-        self.mjw.rne_postconstraint(self.model, self.data)
-
-    def _position(self) -> torch.Tensor:
-        """What the forward reward differentiates: the x of the root (Hopper, HalfCheetah, Walker2d),
-        the torso's xy (Ant), the xy of the centre of mass (Humanoid), as gymnasium reads them."""
-        if self.env_id == "Ant":
-            return self.xpos[:, 1, :2].clone()
-        if self.env_id == "Humanoid":
-            return (self.body_mass[:, None] * self.xipos).sum(1)[:, :2] / self.body_mass.sum()
-        return self.qpos[:, :1].clone()
-
-    def _observe(self) -> torch.Tensor:
-        qpos, qvel = self.qpos, self.qvel
-        if self.env_id == "Ant":
-            contact = self.cfrc_ext[:, 1:].clamp(-1.0, 1.0).flatten(1)
-            return torch.cat([qpos[:, 2:], qvel, contact], dim=1)
-        if self.env_id == "Humanoid":
-            bodies = [self.cinert[:, 1:], self.cvel[:, 1:], self.qfrc_actuator[:, 6:], self.cfrc_ext[:, 1:]]
-            return torch.cat([qpos[:, 2:], qvel, *(x.flatten(1) for x in bodies)], dim=1)
-        if self.env_id == "HalfCheetah":
-            return torch.cat([qpos[:, 1:], qvel], dim=1)
-        return torch.cat([qpos[:, 1:], qvel.clamp(-10.0, 10.0)], dim=1)  # Hopper, Walker2d
-
-    def _healthy(self) -> torch.Tensor:
-        qpos, qvel = self.qpos, self.qvel
-        if self.env_id == "Ant":
-            finite = torch.isfinite(qpos).all(1) & torch.isfinite(qvel).all(1)
-            return finite & (qpos[:, 2] >= 0.2) & (qpos[:, 2] <= 1.0)
-        if self.env_id == "Humanoid":
-            return (qpos[:, 2] > 1.0) & (qpos[:, 2] < 2.0)
-        if self.env_id == "Hopper":
-            state_in_range = torch.cat([qpos[:, 2:], qvel], dim=1).abs().lt(100.0).all(1)
-            return state_in_range & (qpos[:, 1] > 0.7) & (qpos[:, 2].abs() < 0.2)
-        if self.env_id == "Walker2d":
-            return (qpos[:, 1] > 0.8) & (qpos[:, 1] < 2.0) & (qpos[:, 2] > -1.0) & (qpos[:, 2] < 1.0)
-        return torch.ones(self.num_envs, dtype=torch.bool, device=self.device)  # HalfCheetah
-
-    def _reset_worlds(self, mask: torch.Tensor) -> None:
-        """Set the worlds where `mask` is true to gymnasium's initial state plus reset noise, with the actuator
-        controls zeroed as gymnasium's reset (mj_resetData) does. Noise is drawn for every world (one draw, no host
-        sync) and written only where `mask` is set."""
-        scale = self.task.reset_noise
-        shape_q, shape_v = (self.num_envs, self.nq), (self.num_envs, self.nv)
-        qpos = self.init_qpos + scale * (2 * torch.rand(shape_q, generator=self.generator, device=self.device) - 1)
-        if self.task.normal_qvel_noise:
-            qvel = scale * torch.randn(shape_v, generator=self.generator, device=self.device)
-        else:
-            qvel = scale * (2 * torch.rand(shape_v, generator=self.generator, device=self.device) - 1)
-        rows = mask[:, None]
-        self.qpos.copy_(torch.where(rows, qpos, self.qpos))
-        self.qvel.copy_(torch.where(rows, qvel, self.qvel))
-        self.ctrl.masked_fill_(rows, 0.0)
-        self.qacc_warmstart.masked_fill_(rows, 0.0)
-        self.time.masked_fill_(mask, 0.0)
-        self.elapsed.masked_fill_(mask, 0)
-        self.episode_return.masked_fill_(mask, 0.0)
-        self.episode_length.masked_fill_(mask, 0)
-        if self.env_id == "Humanoid":  # its observation and centre of mass need the kinematics (and actuator forces)
-            with self.wp.ScopedDevice(self.wp_device):
-                self.mjw.forward(self.model, self.data)
-        # A free joint puts Ant's torso at qpos[:3]: it needs no kinematics pass for it.
-        position = self.qpos[:, :2].clone() if self.env_id == "Ant" else self._position()
-        self.position_before.copy_(torch.where(rows, position, self.position_before))
-
-    def _observe_after_reset(self, mask: torch.Tensor, obs: Optional[torch.Tensor]) -> torch.Tensor:
-        """The observation with the reset worlds' rows replaced. gymnasium's reset zeroes the contact forces
-        (mj_resetData), so the reset worlds' cfrc_ext rows are zero."""
-        fresh = self._observe()
-        if self.env_id in ("Ant", "Humanoid"):
-            contacts = fresh[:, -self.contact_dims :]
-            contacts.copy_(torch.where(mask[:, None], 0.0, contacts))
-        return fresh if obs is None else torch.where(mask[:, None], fresh, obs)
-
-    def reset(self) -> torch.Tensor:
-        every_world = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
-        self._reset_worlds(every_world)
-        return self._observe_after_reset(every_world, None)
-
-    def step(self, actions: torch.Tensor):
-        actions = torch.maximum(torch.minimum(actions, self.action_high), self.action_low)
-        self.ctrl.copy_(actions)
-        if self.graph is not None:
-            self.wp.capture_launch(self.graph)
-        else:
-            with self.wp.ScopedDevice(self.wp_device):
-                self._simulate()
-        position_after = self._position()
-        velocity = (position_after - self.position_before) / self.dt
-        self.position_before.copy_(position_after)
-        task = self.task
-        healthy = self._healthy()
-        reward = task.forward_weight * velocity[:, 0] - task.ctrl_cost * actions.square().sum(1)
-        if task.healthy_reward:
-            reward = reward + task.healthy_reward * healthy
-        if self.env_id == "Ant":
-            reward = reward - 5e-4 * self.cfrc_ext.clamp(-1.0, 1.0).square().flatten(1).sum(1)
-        if self.env_id == "Humanoid":
-            reward = reward - (5e-7 * self.cfrc_ext.square().flatten(1).sum(1)).clamp(max=10.0)
-        terminated = ~healthy if self.env_id != "HalfCheetah" else torch.zeros_like(healthy)
-        self.elapsed += 1
-        truncated = self.elapsed >= MAX_EPISODE_STEPS
-        done = terminated | truncated
-        self.episode_return += reward
-        self.episode_length += 1
-        final_obs = self._observe()
-        episode_return, episode_length = self.episode_return.clone(), self.episode_length.clone()
-        info = dict(final_obs=final_obs, done=done, episode_return=episode_return, episode_length=episode_length)
-        self._reset_worlds(done)
-        return self._observe_after_reset(done, final_obs), reward, terminated, truncated, info
-
-    def state_dict(self) -> dict:
-        """Everything the next steps depend on, as CPU tensors."""
-        state = {name: getattr(self, name).cpu().clone() for name in self.STATE}
-        return {**state, "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        for name, value in state.items():
-            if name == "generator":
-                self.generator.set_state(value)
-            else:
-                getattr(self, name).copy_(value)
-        if self.env_id == "Humanoid":  # the kinematics its observation reads
-            with self.wp.ScopedDevice(self.wp_device):
-                self.mjw.forward(self.model, self.data)
-
-    def close(self) -> None:
-        pass
-
-
-class IsaacGymVecEnv:
-    """isaacgymenvs's vector task behind the same interface as MuJoCoWarpVecEnv.
-
-    The task returns a dict of observations ("obs"), rewards, a reset buffer (1 where an episode
-    ended, by termination or time-out) and extras["time_outs"]. Its observations at the end of an
-    episode are the final ones (the task resets those environments during the next step), so they
-    are also the bootstrap observations. Episode returns and lengths are tracked here as tensors.
-    """
-
-    def __init__(self, env_id: str, num_envs: int, device: torch.device, seed: int):
-        import isaacgymenvs
-
-        graphics_device_id = 0 if device.type == "cuda" else -1
-        self.envs = isaacgymenvs.make(
-            seed, env_id, num_envs, str(device), str(device), graphics_device_id, headless=True, force_render=False
-        )
-        self.num_envs, self.device = num_envs, device
-        self.obs_dim = int(np.prod(self.envs.observation_space.shape))
-        self.act_dim = int(np.prod(self.envs.action_space.shape))
-        self.action_low = torch.as_tensor(self.envs.action_space.low, dtype=torch.float32, device=device)
-        self.action_high = torch.as_tensor(self.envs.action_space.high, dtype=torch.float32, device=device)
-        self.episode_return = torch.zeros(num_envs, device=device)
-        self.episode_length = torch.zeros(num_envs, dtype=torch.int32, device=device)
-
-    def reset(self) -> torch.Tensor:
-        self.episode_return.zero_()
-        self.episode_length.zero_()
-        return self.envs.reset()["obs"].view(self.num_envs, self.obs_dim)
-
-    def step(self, actions: torch.Tensor):
-        actions = torch.maximum(torch.minimum(actions, self.action_high), self.action_low)
-        obs_dict, reward, reset_buf, extras = self.envs.step(actions)
-        obs = obs_dict["obs"].view(self.num_envs, self.obs_dim)
-        done = reset_buf.bool()
-        truncated = extras.get("time_outs", torch.zeros_like(done)).bool() & done
-        terminated = done & ~truncated
-        self.episode_return += reward
-        self.episode_length += 1
-        episode_return, episode_length = self.episode_return.clone(), self.episode_length.clone()
-        info = dict(final_obs=obs, done=done, episode_return=episode_return, episode_length=episode_length)
-        self.episode_return.masked_fill_(done, 0.0)
-        self.episode_length.masked_fill_(done, 0)
-        return obs, reward, terminated, truncated, info
-
-    def state_dict(self) -> None:
-        return None  # Isaac Gym's simulator state cannot be saved
-
-    def close(self) -> None:
-        close = getattr(self.envs, "close", None)
-        if close is not None:
-            close()
-
-
 def known_tasks(simulator: str) -> List[str]:
-    if simulator == "mujoco-warp":
-        return list(WARP_TASKS)
-    import isaacgym  # noqa: F401
-    from isaacgymenvs.tasks import isaacgym_task_map
-
-    return sorted(isaacgym_task_map)
+    return list(WARP_TASKS) if simulator == "mujoco-warp" else isaacgym_tasks()
 
 
-def make_envs(simulator: str, env_id: str, num_envs: int, device: torch.device, seed: int):
+def make_envs(
+    simulator: str,
+    env_id: str,
+    num_envs: int,
+    device: torch.device,
+    seed: int,
+    nconmax: Optional[int] = None,
+    njmax: Optional[int] = None,
+):
     if simulator == "isaacgym":
         return IsaacGymVecEnv(env_id, num_envs, device, seed)
-    return MuJoCoWarpVecEnv(env_id, num_envs, device, seed)
+    return MuJoCoWarpVecEnv(env_id, num_envs, device, seed, nconmax=nconmax, njmax=njmax)
 
 
 def validate(args: Args) -> str:
     """Check the arguments and the simulator before any work; fail in one line. Returns the
     simulator that will run."""
+    if (args.compile or args.cudagraphs) and not hasattr(torch, "compile"):
+        fail(f"--compile and --cudagraphs need torch >= 2.0 (this is {torch.__version__}): drop them")
     if args.cudagraphs:
         if not (args.cuda and torch.cuda.is_available()):
             fail("--cudagraphs needs a CUDA GPU and none is in use; drop it (--compile works on the CPU)")
@@ -492,6 +221,10 @@ def validate(args: Args) -> str:
         fail(ISAACGYM_INSTALL)
     if simulator == "mujoco-warp" and importlib.util.find_spec("mujoco_warp") is None:
         fail("--simulator mujoco-warp needs the mujoco-warp package (Python >= 3.11): uv sync")
+    buffers = {name: getattr(args, name) for name in ("nconmax", "njmax") if getattr(args, name) is not None}
+    check_positive(**buffers)
+    if buffers and simulator == "isaacgym":
+        fail("--nconmax and --njmax size MuJoCo Warp's buffers; Isaac Gym sizes its own: drop them")
     tasks = known_tasks(simulator)
     if args.env_id not in tasks:
         hint = (
@@ -520,7 +253,7 @@ class RunningMeanStd(nn.Module):
 
     def update(self, batch: torch.Tensor) -> None:
         n = batch.shape[0]
-        batch_var, batch_mean = torch.var_mean(batch.double(), dim=0, correction=0)
+        batch_var, batch_mean = torch.var_mean(batch.double(), dim=0, unbiased=False)
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean.add_(delta * n / total)
@@ -678,7 +411,7 @@ def first_episode_returns(model: dict, envs, eval_episodes: int, device: torch.d
     obs_rms.load_state_dict(model["obs_rms"])
     args = model["args"]
     count = min(eval_episodes, envs.num_envs)
-    returns = torch.full((count,), torch.nan, device=device)
+    returns = torch.full((count,), math.nan, device=device)
     obs = envs.reset()
     with torch.no_grad():
         for step in range(1, 100_000):
@@ -705,8 +438,12 @@ def evaluate(
     if capture_video:
         fail("ppo_isaacgym.py cannot record videos (neither simulator renders here); evaluate without --capture-video")
     model = load_model(model_path, __file__)
-    envs = make_envs(model["simulator"], model["env_id"], eval_episodes, device, seed)
+    trained = model["args"]  # the simulator's buffers as in training (.get: models saved before these flags)
+    envs = make_envs(
+        model["simulator"], model["env_id"], eval_episodes, device, seed, trained.get("nconmax"), trained.get("njmax")
+    )
     returns = first_episode_returns(model, envs, eval_episodes, device)
+    envs.check_buffers()  # the returns are wrong if contacts were dropped
     envs.close()
     return returns
 
@@ -718,7 +455,18 @@ if __name__ == "__main__":
     device = run.device
     simulator_name = "Isaac Gym (isaacgymenvs)" if simulator == "isaacgym" else "MuJoCo Warp"
     print(f"simulator: {simulator_name}, task {args.env_id}, {args.num_envs} environments", flush=True)
-    envs = make_envs(simulator, args.env_id, args.num_envs, device, args.seed)
+    if device.type == "cuda":
+        print(f"device: {torch.cuda.get_device_name(device)}", flush=True)
+    else:  # MuJoCo Warp on 2 CPU cores: 180-470 steps/s (benchmark/results/ppo_isaacgym_cpu.md)
+        seconds = args.batch_size / 400
+        print(
+            f"device: CPU ({'no CUDA GPU found' if args.cuda else '--no-cuda'}). MuJoCo Warp steps a few hundred "
+            f"worlds per second on a CPU, so one iteration of {args.num_envs} x {args.num_steps} steps takes about "
+            + (f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s")
+            + " here; for a quick try: --num-envs 64 --total-timesteps 20000",
+            flush=True,
+        )
+    envs = make_envs(simulator, args.env_id, args.num_envs, device, args.seed, args.nconmax, args.njmax)
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
 
     agent = Agent(obs_dim, act_dim).to(device)
@@ -780,8 +528,37 @@ if __name__ == "__main__":
         mode = "reduce-overhead" if args.cudagraphs else None
         policy, gae, update = (torch.compile(fn, mode=mode) for fn in (policy, gae, update))
 
+    def iteration_start_state() -> dict:
+        """training_state() copied where it lives (no host sync), with the random number generators: taken as each
+        iteration starts, so that SIGTERM/SIGINT in the middle of one (minutes long on a CPU) is answered at once.
+        Its cost, measured at Ant's sizes with 4096 worlds: 1.3 ms of host time per iteration."""
+        return dict(
+            agent={k: v.clone() for k, v in agent.state_dict().items()},
+            optimizer=copy.deepcopy(optimizer.state_dict()),
+            obs_rms={k: v.clone() for k, v in obs_rms.state_dict().items()},
+            envs=envs.state_dict(on_device=True),
+            next_obs=next_obs.clone(),
+            global_step=global_step,
+            iteration=iteration,
+            rng=rng_state(),
+        )
+
+    def stop_midway(start: dict) -> None:
+        """SIGTERM/SIGINT arrived during an iteration: go back to the state it started from, checkpoint that (a
+        resumed run does the whole iteration again, exactly) and exit (run.end_iteration)."""
+        global next_obs, global_step, iteration
+        agent.load_state_dict(start["agent"])
+        optimizer.load_state_dict(start["optimizer"])
+        obs_rms.load_state_dict(start["obs_rms"])
+        if start["envs"] is not None:
+            envs.load_state_dict(start["envs"])
+        next_obs, global_step, iteration = start["next_obs"], start["global_step"], start["iteration"]
+        restore_rng_state(start["rng"])
+        run.end_iteration(global_step)
+
     run.begin(training_state)
     while iteration < args.num_iterations:
+        iteration_start = iteration_start_state()
         iteration += 1
         if args.anneal_lr:
             lr_now = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
@@ -807,6 +584,9 @@ if __name__ == "__main__":
                 episode_stats += torch.stack(
                     [done.sum(), (info["episode_return"] * done).sum(), (info["episode_length"] * done).sum()]
                 )
+                run.progress.update(global_step)  # the console line, redrawn during long rollouts (no host read)
+                if run.stop:
+                    stop_midway(iteration_start)
 
             # 2. Advantages: values of the whole rollout in batched passes; a truncated episode is bootstrapped
             # with the value of its true final observation.
@@ -827,15 +607,17 @@ if __name__ == "__main__":
         clipped = torch.zeros((), device=device)
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(args.batch_size, device=device)
-            for start in range(0, args.batch_size, args.minibatch_size):
-                stats = update(agent, optimizer, batch.take(b_inds[start : start + args.minibatch_size]), args)
+            for first in range(0, args.batch_size, args.minibatch_size):
+                stats = update(agent, optimizer, batch.take(b_inds[first : first + args.minibatch_size]), args)
                 clipped += stats["clipfrac"]
+                if run.stop:
+                    stop_midway(iteration_start)
 
             # The early stop reads the KL on the host: one sync per epoch, only when asked for.
             if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:
                 break
 
-        # 4. Log every --log-every iterations and at the end (two device-to-host reads), checkpoint when due
+        # 4. Log every --log-every iterations and at the end (2 host reads, 3 with MuJoCo Warp), checkpoint when due
         out_of_time = args.time_limit_seconds > 0 and time.time() - run.start_time >= args.time_limit_seconds
         if iteration % args.log_every == 0 or iteration == args.num_iterations or out_of_time or run.stop:
             finished, return_sum, length_sum = episode_stats.tolist()
@@ -843,7 +625,10 @@ if __name__ == "__main__":
             if finished > 0:  # the mean over the episodes that ended since the last log line
                 run.log_episodes(global_step, returns=[return_sum / finished], lengths=[length_sum / finished])
             var_y = batch.returns.var()
-            explained_var = torch.where(var_y == 0, torch.nan, 1 - (batch.returns - batch.values).var() / var_y)
+            unexplained = (batch.returns - batch.values).var() / var_y
+            explained_var = torch.where(var_y == 0, torch.full_like(var_y, math.nan), 1 - unexplained)
+            # MuJoCo Warp drops the contacts that do not fit its buffers: stop in one line if it had to.
+            buffer_use = envs.check_buffers()
             run.log(
                 global_step,
                 {
@@ -855,6 +640,7 @@ if __name__ == "__main__":
                     "losses/clipfrac": clipped / (args.num_minibatches * (epoch + 1)),
                     "losses/explained_variance": explained_var,
                     "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                    **buffer_use,
                 },
             )
         run.end_iteration(global_step)

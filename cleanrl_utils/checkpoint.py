@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import inspect
 import io
 import os
 import pickle
@@ -60,6 +61,10 @@ OPERATIONAL_ARGS = {
     "torch_threads",
     "eval_episodes",
 }
+
+# Checkpoints hold pickled objects, not only weights: torch >= 2.6 must be told (weights_only=False), and torch
+# < 1.13 (Isaac Gym's Python 3.8 environments) has no weights_only and always unpickles.
+FULL_UNPICKLING = {"weights_only": False} if "weights_only" in inspect.signature(torch.load).parameters else {}
 
 
 def temporary_path(path: str | os.PathLike, pid: int | str | None = None) -> Path:
@@ -328,7 +333,7 @@ def _read(path: str | os.PathLike, flag: str, expected_format: str, what: str) -
     if not path.is_file():
         fail(f"{flag} {path}: no such file")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        payload = torch.load(path, map_location="cpu", **FULL_UNPICKLING)
     except Exception as error:
         fail(f"{flag} {path}: not a readable {what} ({type(error).__name__})")
     version = payload.get("format") if isinstance(payload, dict) else None

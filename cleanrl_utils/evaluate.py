@@ -51,10 +51,10 @@ def read_model(path: Path) -> dict:
     """The saved model's contents; fails in one line for anything that is not a cleanrl model."""
     import torch
 
-    from cleanrl_utils.checkpoint import CHECKPOINT_FORMAT, MODEL_FORMAT
+    from cleanrl_utils.checkpoint import CHECKPOINT_FORMAT, FULL_UNPICKLING, MODEL_FORMAT
 
     try:
-        model = torch.load(path, map_location="cpu", weights_only=False)
+        model = torch.load(path, map_location="cpu", **FULL_UNPICKLING)
     except Exception as error:
         fail(f"{path}: not a cleanrl saved model (cannot be read: {type(error).__name__})")
     kind = model.get("format") if isinstance(model, dict) else None
@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--video-dir", type=Path, default=None, help="where the videos go (default <run dir>/videos/evaluate)"
     )
-    parser.add_argument(
-        "--cuda", action=argparse.BooleanOptionalAction, default=True, help="use a GPU when present (default)"
-    )
+    # Two flags, not argparse.BooleanOptionalAction (Python 3.9+): Isaac Gym's models are evaluated on Python 3.8.
+    parser.add_argument("--cuda", action="store_true", default=True, help="use a GPU when present (default)")
+    parser.add_argument("--no-cuda", dest="cuda", action="store_false", help="evaluate on the CPU")
     args = parser.parse_args(argv)
     if args.episodes <= 0:
         fail(f"--episodes must be positive, got {args.episodes}")

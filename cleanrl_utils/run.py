@@ -80,11 +80,14 @@ def import_dynamo_with_gc_paused() -> None:
     wrapper on Optimizer.add_param_group, _use_grad_for_differentiable on step), ~1.3 s CPU here. Paused, the
     collector skips its full passes over the ~100k objects the import creates: 1.33 -> 1.06 s CPU for that import,
     a whole 512-step ppo.py 5.16 -> 4.63 s CPU, +7 MB peak (medians of 5 alternated; benchmark/results/speed.md,
-    "Start-up"). Called before seeding, so it cannot shift a seeded random stream."""
+    "Start-up"). Called before seeding, so it cannot shift a seeded random stream. Torch before 2.0 (Isaac Gym's
+    Python 3.8 environments) has no torch._dynamo: nothing to import."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         import torch._dynamo  # noqa: F401
+    except ModuleNotFoundError:
+        pass
     finally:
         if was_enabled:
             gc.enable()

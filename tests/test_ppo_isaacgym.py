@@ -578,5 +578,67 @@ def assert_same(a, b, where: str) -> None:
             assert_same(x, y, f"{where}[{i}]")
     elif isinstance(a, torch.Tensor):
         assert torch.equal(a, b), where
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b), where
     else:
         assert a == b, where
+
+
+# --- the headline on a CPU, as a newcomer meets it ---------------------------------------------------------------
+# Iterations of 64 worlds x 64 steps: seconds each here (minutes at the default 4096 x 16), so that a signal lands in
+# the middle of one.
+SLOW_FLAGS = ["--env-id", "Hopper", "--num-envs", "64", "--num-steps", "64", "--num-minibatches", "2"]
+SLOW_FLAGS += ["--update-epochs", "2", "--total-timesteps", "8192", "--checkpoint-every", "4096"]
+
+
+@pytest.fixture(scope="module")
+def slow_run(tmp_path_factory) -> tuple[Path, float]:
+    """The uninterrupted run of two slow iterations, and how long one iteration took."""
+    cwd = tmp_path_factory.mktemp("slow")
+    result = run_script(SCRIPT, *SLOW_FLAGS, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    sps = read_scalars(run_dir)["charts/SPS"][-1][1]
+    return run_dir, 4096 / sps
+
+
+def test_on_a_cpu_the_run_names_its_device_stays_quiet_and_answers_sigterm_midway_then_resumes_exactly(
+    slow_run, tmp_path
+):
+    straight_dir, iteration_seconds = slow_run
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cleanrl" / SCRIPT), *SLOW_FLAGS],
+        cwd=tmp_path,
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = [proc.stdout.readline() for _ in range(3)]  # the simulator, the device, the first progress line
+    assert lines[0].startswith("simulator: MuJoCo Warp, task Hopper, 64 environments"), lines
+    assert lines[1].startswith("device: CPU (no CUDA GPU found). ") and "--num-envs 64" in lines[1], lines
+    assert lines[2].startswith("Hopper ppo_isaacgym | 64/8,192 steps"), lines  # after the first step, not the first log
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob("runs/*/checkpoint.pt")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # the checkpoint at the end of iteration 1
+    time.sleep(iteration_seconds / 4)  # into iteration 2's rollout
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    answered = time.monotonic() - signalled
+    assert proc.returncode == 0, err
+    assert answered < iteration_seconds / 2, (answered, iteration_seconds)  # not at the end of the iteration
+    assert "SIGTERM: checkpoint written" in out, out
+    printed = "".join(lines + [out, err]).splitlines()
+    chatter = [line for line in printed if line.startswith(("Warp ", "Module ")) or "Warp CUDA warning" in line]
+    assert not chatter, chatter  # Warp's banner, its kernel-module lines, its missing-driver warning
+    (run_dir,) = run_dirs(tmp_path)
+    stopped = load(run_dir / "checkpoint.pt")
+    assert stopped["global_step"] == 4096 and stopped["iteration"] == 1  # iteration 2 dropped, to be done again
+
+    resumed = run_script(SCRIPT, *SLOW_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    final, straight = load(run_dir / "checkpoint.pt"), load(straight_dir / "checkpoint.pt")
+    assert final["global_step"] == straight["global_step"] == 8192
+    for key in ("agent", "obs_rms", "optimizer", "envs", "next_obs", "rng"):
+        assert_same(final[key], straight[key], key)

@@ -7,5 +7,7 @@ single-agent scripts). Nothing here changes what an agent learns.
 - `envpool_atari`: envpool's Atari games with the same interface.
 - `procgen`: envpool's Procgen games.
 - `point_chasing`: ElegantRL's PointChasing-v0, a NumPy env and a torch-batched vector env on the training device.
+- `mujoco_warp_env`: gymnasium's v5 MuJoCo tasks on MuJoCo Warp, thousands of worlds as torch tensors on one device.
+- `isaacgym_env`: isaacgymenvs's vector tasks behind the same interface (Python 3.8 syntax, as Isaac Gym).
 - `stock_trading`, `stock_data`: FinRL's StockTrading-v0 (single and torch-batched) and its prices and indicators.
 """
