@@ -59,6 +59,7 @@ RUNS = {
     "pqn_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PPO_TINY], 192, 100),
     "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
     "ppo_continuous_action_hterm.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
+    "rpo_continuous_action.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
     "sac_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
     "td3_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
     "ddpg_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
