@@ -146,10 +146,13 @@ def make_envs(
     num_threads: int = 0,
     repeat_action_probability: float = 0.0,
     episodic_life: bool = True,
+    stack_num: int = 4,
 ) -> gym.vector.VectorEnv:
     """`num_envs` copies of the envpool Atari game `env_id` as described above; seed them with
     `envs.reset(seed=...)`. `num_threads`: envpool worker threads, 0 for envpool's choice. `episodic_life`: a lost
-    life ends a training episode and FIRE serves the next one (False: the game goes on)."""
-    envs = EnvpoolAtari(env_id, num_envs, num_threads, repeat_action_probability=repeat_action_probability)
+    life ends a training episode and FIRE serves the next one (False: the game goes on). `stack_num`: frames stacked
+    per observation (1 for a recurrent agent that sees one frame at a time)."""
+    options = dict(repeat_action_probability=repeat_action_probability, stack_num=stack_num)
+    envs = EnvpoolAtari(env_id, num_envs, num_threads, **options)
     fire = fire_action(minimal_action_set(env_id)) if episodic_life else None
     return wrap_games(envs, capture_video, video_dir, False, fire)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# pqn_atari_envpool_lstm.py on MinAtar Breakout and SpaceInvaders, 1M steps, seeds 1-3, one run at a time (2-core CPU
+# machine), with pqn_atari.sh's settings so that the two stand side by side: 128 envs x 32 steps, 2 epochs of 32
+# minibatches (here 4 whole env sequences each), lambda 0.65, gradient norm 10, and purejaxql's MinAtar changes
+# (learning rate 5e-4, final epsilon 0.05). Results: benchmark/results/pqn_atari_envpool_lstm.md and .png, beside
+# benchmark/results/pqn_atari.md and benchmark/results/minatar_random.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MINATAR="--total-timesteps 1000000 --num-envs 128 --num-steps 32 --num-minibatches 32 --update-epochs 2"
+MINATAR="$MINATAR --max-grad-norm 10 --learning-rate 5e-4 --end-e 0.05"
+uv run --all-extras python -m cleanrl_utils.benchmark --env-ids ${ENV_IDS:-MinAtar/Breakout-v1 MinAtar/SpaceInvaders-v1} \
+    --command "uv run --all-extras python cleanrl/pqn_atari_envpool_lstm.py $MINATAR" --num-seeds 3 \
+    --workers "${WORKERS:-1}" --output benchmark/results/pqn_atari_envpool_lstm
+runs=(runs/MinAtar-*__pqn_atari_envpool_lstm__*)
+uv run --all-extras python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/pqn_atari_envpool_lstm.png
