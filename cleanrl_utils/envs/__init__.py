@@ -9,5 +9,6 @@ single-agent scripts). Nothing here changes what an agent learns.
 - `point_chasing`: ElegantRL's PointChasing-v0, a NumPy env and a torch-batched vector env on the training device.
 - `mujoco_warp_env`: gymnasium's v5 MuJoCo tasks on MuJoCo Warp, thousands of worlds as torch tensors on one device.
 - `isaacgym_env`: isaacgymenvs's vector tasks behind the same interface (Python 3.8 syntax, as Isaac Gym).
+- `proof_of_memory`: ProofofMemory-v0, a small task that only an agent with memory solves (cleanrl/ppo_trxl.py).
 - `stock_trading`, `stock_data`: FinRL's StockTrading-v0 (single and torch-batched) and its prices and indicators.
 """
