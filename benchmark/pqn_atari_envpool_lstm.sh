@@ -8,8 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MINATAR="--total-timesteps 1000000 --num-envs 128 --num-steps 32 --num-minibatches 32 --update-epochs 2"
 MINATAR="$MINATAR --max-grad-norm 10 --learning-rate 5e-4 --end-e 0.05"
-uv run --all-extras python -m cleanrl_utils.benchmark --env-ids ${ENV_IDS:-MinAtar/Breakout-v1 MinAtar/SpaceInvaders-v1} \
-    --command "uv run --all-extras python cleanrl/pqn_atari_envpool_lstm.py $MINATAR" --num-seeds 3 \
-    --workers "${WORKERS:-1}" --output benchmark/results/pqn_atari_envpool_lstm
+# One benchmark per game, so that each table stands on its own (Breakout first; SpaceInvaders if time allows).
+for game in ${GAMES:-Breakout SpaceInvaders}; do
+    suffix=$([ "$game" = Breakout ] && echo "" || echo "_$(echo "$game" | tr '[:upper:]' '[:lower:]')")
+    uv run --all-extras python -m cleanrl_utils.benchmark --env-ids "MinAtar/$game-v1" \
+        --command "uv run --all-extras python cleanrl/pqn_atari_envpool_lstm.py $MINATAR" --num-seeds 3 \
+        --workers "${WORKERS:-1}" --output "benchmark/results/pqn_atari_envpool_lstm$suffix"
+done
 runs=(runs/MinAtar-*__pqn_atari_envpool_lstm__*)
 uv run --all-extras python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/pqn_atari_envpool_lstm.png
