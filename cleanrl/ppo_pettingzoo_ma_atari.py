@@ -3,8 +3,8 @@
 Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (https://arxiv.org/abs/1707.06347), with the Atari
 details of ppo_atari.py (Nature CNN, clip 0.1, GAE, rewards clipped to their sign, learning-rate annealing). Every agent
 of every game is played by one network (parameter sharing, Terry et al. 2020, https://arxiv.org/abs/2005.13625); its
-observation carries one constant 0/1 plane per agent (SuperSuit's agent_indicator_v0) to say which player it is. Both
-agents' transitions are learnt from: in a two-player game such as pong_v3 the policy plays against itself.
+observation carries one constant plane per agent, full on its own (SuperSuit's agent_indicator_v0): which player it is.
+Both agents' transitions are learnt from: in a two-player game such as pong_v3 the policy plays against itself.
 
 Action space: Discrete. Environments: PettingZoo's two-player Atari games (pong_v3, boxing_v2, tennis_v3 ...; ROMs from
 ale-py) through cleanrl_utils/envs/pettingzoo_atari.py: 84x84 grayscale, frame skip 4 with max-pool, 4 stacked frames,
@@ -15,8 +15,10 @@ first_0 against a uniformly random second_0. Checkpoints hold the emulators' ful
 
     uv run --all-extras python cleanrl/ppo_pettingzoo_ma_atari.py --env-id pong_v3 --total-timesteps 20000000
 
-Differences from CleanRL's file: ALE's grayscale (not the blue channel), no SuperSuit vec env (its same-step autoreset
-loses a truncated game's final observation; its episode statistics are of clipped rewards), truncation bootstrapped.
+Differences from CleanRL's file: ALE's grayscale (not the blue channel); the indicator planes divided by 255 like the
+frames (CleanRL divides only the frames, so its planes reach the network as 255); no SuperSuit vec env (its same-step
+autoreset loses a truncated game's final observation, its episode statistics are of clipped rewards), truncation
+bootstrapped, the step after a game's end dropped.
 Results (against a random opponent) in benchmark/results/ppo_pettingzoo_ma_atari.md.
 """
 
@@ -139,13 +141,13 @@ def validate(args: Args) -> None:
 
 
 def add_agent_indicators(frames: torch.Tensor, n_agents: int) -> torch.Tensor:
-    """[num_games * n_agents, C, H, W] frames (slot g * n_agents + i is agent i of game g) -> [.., C + n_agents, H, W]:
-    after the frames, one plane per agent, all ones in agent i's own plane and zeros in the others (SuperSuit's
-    agent_indicator_v0 with type_only=False, channels first)."""
+    """[num_games * n_agents, C, H, W] uint8 frames (slot g * n_agents + i is agent i of game g) -> [.., C + n_agents,
+    H, W]: after the frames, one plane per agent, 255 all over agent i's own plane and 0 in the others (SuperSuit's
+    agent_indicator_v0 with type_only=False on uint8 frames, channels first)."""
     slots, _, height, width = frames.shape
     agent = torch.arange(slots, device=frames.device) % n_agents
-    planes = nn.functional.one_hot(agent, n_agents).to(frames.dtype)[:, :, None, None].expand(-1, -1, height, width)
-    return torch.cat([frames, planes], dim=1)
+    planes = 255 * nn.functional.one_hot(agent, n_agents).to(frames.dtype)
+    return torch.cat([frames, planes[:, :, None, None].expand(-1, -1, height, width)], dim=1)
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
@@ -155,13 +157,11 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """Actor and critic heads on the Nature CNN (Mnih et al. 2015), shared by all agents. Takes uint8 observations:
-    `n_frames` stacked frames (scaled to [0, 1]) and the agent-indicator planes (0/1, as they are)."""
+    """Actor and critic heads on the Nature CNN (Mnih et al. 2015), shared by all agents. Takes uint8 observations,
+    `n_frames` stacked frames and the agent-indicator planes, every channel scaled to [0, 1]."""
 
     def __init__(self, n_frames: int, n_agents: int, n_actions: int):
         super().__init__()
-        scale = torch.tensor([1.0 / 255.0] * n_frames + [1.0] * n_agents).view(-1, 1, 1)
-        self.register_buffer("scale", scale, persistent=False)
         self.network = nn.Sequential(
             layer_init(nn.Conv2d(n_frames + n_agents, 32, 8, stride=4)),
             nn.ReLU(),
@@ -177,7 +177,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.network(obs.float() * self.scale)
+        return self.network(obs.float() / 255.0)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.features(obs)).squeeze(-1)
