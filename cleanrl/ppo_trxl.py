@@ -12,10 +12,10 @@ Action space: Discrete. Environments: ProofofMemory-v0 (cleanrl_utils/envs/proof
 (MortarMayhem-Grid-v0, MysteryPath-Grid-v0, 84x84 RGB) and MiniGrid's Memory (MiniGrid-MemoryS9-v0: a 3x3 view drawn
 84x84, cut at 96 steps as CleanRL's). Truncations bootstrap from the true final observation, in its episode's memory.
 Where ours differs from CleanRL's: a masked slot's attention weight is exactly 0 and a step with no past attends to
-nothing (CleanRL's spreads it evenly over zeros and their positional codes), the window holds the last L steps (CleanRL's
-L - 1), attention scales by the head's width and heads have their own projections; no observation reconstruction loss,
-no learned positional encoding, no multi-discrete actions. Memory-gym and MiniGrid games do not pickle: a resumed
-run on them starts fresh episodes (ProofofMemory-v0 resumes exactly on the CPU).
+nothing (CleanRL's spreads it evenly over zeros and their positional codes), the window holds the last L steps
+(CleanRL's L - 1), attention scales by the head's width and heads have their own projections; no observation
+reconstruction loss, no learned positional encoding, no multi-discrete actions. Memory-gym and MiniGrid games do not
+pickle: a resumed run on them starts fresh episodes (ProofofMemory-v0 resumes exactly on the CPU).
 
     uv run --all-extras python cleanrl/ppo_trxl.py --env-id MortarMayhem-Grid-v0
 
@@ -463,7 +463,9 @@ if __name__ == "__main__":
                 if cut.any():
                     final_obs = torch.as_tensor(np.stack(infos["final_obs"][cut]), dtype=next_obs.dtype, device=device)
                     rows = torch.as_tensor(cut, device=device)
-                    window, mask, positions = memory_window(memory[rows], episode_step[rows] + 1, args.trxl_memory_length)
+                    window, mask, positions = memory_window(
+                        memory[rows], episode_step[rows] + 1, args.trxl_memory_length
+                    )
                     storage.final_values[step, rows] = agent(final_obs, window, mask, positions)[1]
                 ended = torch.as_tensor(terminated | truncated, device=device)
                 episode_step = torch.where(ended, 0, episode_step + 1)  # a new episode attends to nothing before it

@@ -90,7 +90,8 @@ def test_positional_encoding_is_the_sinusoid_table():
     encoded = ppo_trxl.positional_encoding(positions, 6)
     for pos in (0, 3, 7, 1):
         row = encoded[positions == pos][0]
-        expected = [np.sin(pos / 10000 ** (i / 6)) for i in (0, 2, 4)] + [np.cos(pos / 10000 ** (i / 6)) for i in (0, 2, 4)]
+        angles = [pos / 10000 ** (i / 6) for i in (0, 2, 4)]
+        expected = np.concatenate([np.sin(angles), np.cos(angles)])
         assert np.allclose(row.numpy(), expected, atol=1e-6)
 
 
@@ -132,6 +133,7 @@ LOOP_FLAGS = ["--env-id", pom.ENV_ID, "--num-envs", str(NUM_ENVS), "--num-steps"
 LOOP_FLAGS += ["--total-timesteps", str(NUM_ENVS * NUM_STEPS * ITERATIONS), "--update-epochs", str(EPOCHS)]
 LOOP_FLAGS += ["--num-minibatches", str(MINIBATCHES), "--trxl-memory-length", str(MEMORY), "--init-lr", "1e-2"]
 LOOP_FLAGS += ["--gamma", str(GAMMA), "--gae-lambda", str(GAE_LAMBDA), "--clip-coef", "0.3"]
+LOOP_FLAGS += ["--checkpoint-every", str(NUM_ENVS * NUM_STEPS), "--save-model", "--eval-episodes", "2"]
 UPDATE_NAMES = ["agent", "storage", "mb_inds", "mb_window", "mb_mask", "mb_positions", "newlogprob", "newvalue"]
 UPDATE_NAMES += ["iteration", "epoch", "advantages", "returns", "next_obs", "memory", "episode_step"]
 
@@ -142,13 +144,17 @@ class Loop(NamedTuple):
     hidden: torch.Tensor  # [ITERATIONS * NUM_STEPS, NUM_ENVS, layers, dim]: every step's memories
     episodes: np.ndarray  # [steps, NUM_ENVS]: which episode each step belongs to, from the episode ends
     final_obs: dict  # (step, env) -> the true final observation of an episode cut there
+    run_dir: Path  # the probed run's directory: the smoke run, and the reference of the resume test
+    stdout: str
 
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory) -> Loop:
     from probe import probe_script
 
-    trace = probe_script(SCRIPT, LOOP_FLAGS, tmp_path_factory.mktemp("loop"), at_backward=UPDATE_NAMES)
+    cwd = tmp_path_factory.mktemp("loop")
+    trace = probe_script(SCRIPT, LOOP_FLAGS, cwd, at_backward=UPDATE_NAMES)
+    (run_dir,) = run_dirs(cwd)
     updates = trace.backward
     assert len(updates) == ITERATIONS * EPOCHS * MINIBATCHES
     firsts = updates[:: EPOCHS * MINIBATCHES]
@@ -165,7 +171,7 @@ def loop(tmp_path_factory) -> Loop:
         assert np.array_equal(terminated | truncated, ends[t]), t
         for env in np.flatnonzero(truncated & ~terminated):
             final_obs[t, env] = infos["final_obs"][env]
-    return Loop(updates, firsts, hidden, episodes, final_obs)
+    return Loop(updates, firsts, hidden, episodes, final_obs, run_dir, trace.stdout)
 
 
 def test_the_rollouts_cross_episode_ends_and_cut_episodes(loop):
@@ -271,53 +277,50 @@ def test_advantages_bootstrap_a_cut_episode_from_its_final_observation_in_its_ow
 
 
 @pytest.mark.parametrize(
-    "flags, fragments",
+    "changes, fragments",
     [
-        (["--env-id", "ProofOfMemory-v1"], ["unknown environment id", "ProofofMemory-v0"]),
-        (["--env-id", "Pendulum-v1"], ["Discrete actions"]),
-        (["--trxl-num-heads", "5"], ["--trxl-num-heads 5 does not divide --trxl-dim 384"]),
-        (["--trxl-memory-length", "-1"], ["--trxl-memory-length"]),
-        (["--num-minibatches", "7"], ["--num-minibatches 7 does not divide the batch"]),
-        (["--total-timesteps", "100"], ["less than one batch of 16384"]),
+        (dict(env_id="Pendulum-v1"), ["Discrete actions"]),
+        (dict(trxl_num_heads=5), ["--trxl-num-heads 5 does not divide --trxl-dim 384"]),
+        (dict(trxl_memory_length=-1), ["--trxl-memory-length"]),
+        (dict(num_minibatches=7), ["--num-minibatches 7 does not divide the batch"]),
+        (dict(total_timesteps=100), ["less than one batch of 16384"]),
+        (dict(trxl_dim=0), ["--trxl-dim must be positive"]),
     ],
 )
-def test_bad_input_fails_in_one_line(workdir, flags, fragments):
-    assert_bad_input(run_script(SCRIPT, "--env-id", pom.ENV_ID, *flags, cwd=workdir), workdir, *fragments)
+def test_validation_fails_in_one_line(capsys, changes, fragments):
+    args = ppo_trxl.Args(**{"env_id": pom.ENV_ID, **changes})
+    with pytest.raises(SystemExit) as exit_info:
+        ppo_trxl.validate(args)
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    for fragment in fragments:
+        assert fragment in line, line
 
 
-SMOKE_FLAGS = ["--env-id", pom.ENV_ID, "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "1", *NET]
-SMOKE_FLAGS += ["--update-epochs", "1", "--total-timesteps", "384", "--trxl-memory-length", "6"]
-SMOKE_FLAGS += ["--checkpoint-every", "128", "--save-model", "--eval-episodes", "2"]
+def test_bad_input_from_the_command_line_fails_in_one_line_without_a_run_directory(workdir):
+    result = run_script(SCRIPT, "--env-id", "ProofOfMemory-v1", cwd=workdir)
+    assert_bad_input(result, workdir, "unknown environment id", "ProofofMemory-v0")
 
 
-@pytest.fixture(scope="module")
-def straight_run(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("straight")
-    result = run_script(SCRIPT, *SMOKE_FLAGS, cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    assert "evaluation over 2 episodes" in result.stdout
-    (run_dir,) = run_dirs(workdir)
-    return run_dir
-
-
-def test_smoke_writes_finite_scalars_and_evaluates_the_saved_model(straight_run):
-    scalars = read_scalars(straight_run)
+def test_smoke_writes_finite_scalars_and_evaluates_the_saved_model(loop):
+    scalars = read_scalars(loop.run_dir)
     assert_finite_keys(scalars, PPO_KEYS + ["eval/episodic_return", "charts/entropy_coefficient"])
-    assert len(scalars["losses/value_loss"]) == 3 and len(scalars["eval/episodic_return"]) == 2
-    # One minibatch, one epoch: measured before the only gradient step, the update gives back the rollout's policy.
-    assert max(abs(v) for _, v in scalars["losses/old_approx_kl"]) < 1e-6
-    model = torch.load(straight_run / "ppo_trxl.cleanrl_model", weights_only=False)
+    assert len(scalars["losses/value_loss"]) == ITERATIONS and len(scalars["eval/episodic_return"]) == 2
+    assert "evaluation over 2 episodes" in loop.stdout
+    model = torch.load(loop.run_dir / "ppo_trxl.cleanrl_model", weights_only=False)
     assert model["script"] == "ppo_trxl" and model["obs_shape"] == (3,)
 
 
-def test_sigkill_then_resume_reproduces_the_uninterrupted_run(straight_run, tmp_path):
-    run_dir = kill_at_first_checkpoint(SCRIPT, SMOKE_FLAGS, tmp_path)
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(loop, tmp_path):
+    run_dir = kill_at_first_checkpoint(SCRIPT, LOOP_FLAGS, tmp_path)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert checkpoint["global_step"] == 128 and checkpoint["envs"] is not None
-    assert checkpoint["memory"].shape == (4, 6, 2, 8) and checkpoint["memory"].abs().sum() > 0
-    resumed = run_script(SCRIPT, *SMOKE_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path)
+    assert checkpoint["global_step"] == NUM_ENVS * NUM_STEPS and checkpoint["envs"] is not None
+    # The memory goes on into the next rollout: it is the one the second rollout began with.
+    assert torch.equal(checkpoint["memory"], loop.firsts[1]["storage"]["initial_memory"])
+    assert checkpoint["memory"].abs().sum() > 0
+    resumed = run_script(SCRIPT, *LOOP_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    resumed_scalars, straight_scalars = read_scalars(run_dir), read_scalars(straight_run)
+    resumed_scalars, straight_scalars = read_scalars(run_dir), read_scalars(loop.run_dir)
     for key in sorted(set(PPO_KEYS) - {"charts/SPS"}) + ["eval/episodic_return"]:
         assert resumed_scalars[key] == straight_scalars[key], key
 
