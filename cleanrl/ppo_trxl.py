@@ -14,8 +14,8 @@ Action space: Discrete. Environments: ProofofMemory-v0 (cleanrl_utils/envs/proof
 Where ours differs from CleanRL's: a masked slot's attention weight is exactly 0 and a step with no past attends to
 nothing (CleanRL's spreads it evenly over zeros and their positional codes), the window holds the last L steps
 (CleanRL's L - 1), attention scales by the head's width and heads have their own projections; no observation
-reconstruction loss, no learned positional encoding, no multi-discrete actions. Memory-gym and MiniGrid games do not
-pickle: a resumed run on them starts fresh episodes (ProofofMemory-v0 resumes exactly on the CPU).
+reconstruction loss, no learned positional encoding, no multi-discrete actions. Memory-gym's games do not pickle: a
+resumed run on them starts fresh episodes (ProofofMemory-v0 and MiniGrid resume exactly on the CPU).
 
     uv run --all-extras python cleanrl/ppo_trxl.py --env-id MortarMayhem-Grid-v0
 
