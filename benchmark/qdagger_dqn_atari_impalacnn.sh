@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# qdagger_dqn_atari_impalacnn.py on MinAtar Breakout, seeds 1-3, one run at a time (2-core CPU machine), beside
+# qdagger_dqn_atari_impalacnn.py on MinAtar Breakout, seeds 1-3 at once (WORKERS, default 3, on the 2-core CPU), beside
 # dqn_atari.py from scratch at the same environment steps. MinAtar settings of benchmark/dqn_atari.sh where they differ
 # from the Atari defaults: a 100k buffer, learning from 5k (online) steps, lr 2.5e-4.
 #   1. the teacher: dqn_atari.py, 500k steps, seed 1, epsilon 1 -> 0.01 over the first 100k steps, saved.
-#   2. qdagger: the teacher acts for 20k steps (epsilon 1 -> 0.01) into its replay, 5k offline gradient steps, then
-#      30k online steps (epsilon 1 -> 0.01 over the first 6k): 50k environment steps in all.
-#   3. dqn_atari.py from scratch for 50k steps (epsilon 1 -> 0.01 over the first 6k), 3 seeds.
+#   2. qdagger: the teacher acts for 10k steps (epsilon 1 -> 0.01) into its replay, 4k offline gradient steps, then
+#      20k online steps (epsilon 1 -> 0.01 over the first 4k): 30k environment steps in all.
+#   3. dqn_atari.py from scratch for 30k steps (epsilon 1 -> 0.01 over the first 4k), 3 seeds.
+# (A budget that fit the session's share of a machine that four benchmarks queued for.)
 # Results: benchmark/results/qdagger_dqn_atari_impalacnn.md and .png, beside benchmark/results/minatar_random.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,12 +19,12 @@ fi
 TEACHER=$(teacher)
 uv run python -m cleanrl_utils.benchmark --env-ids MinAtar/Breakout-v1 \
     --command "uv run python cleanrl/qdagger_dqn_atari_impalacnn.py --teacher-model $TEACHER $MINATAR \
---teacher-steps 20000 --offline-steps 5000 --total-timesteps 30000 --exploration-fraction 0.2 --checkpoint-every 10000" \
-    --num-seeds 3 --workers "${WORKERS:-1}" --output benchmark/results/qdagger_dqn_atari_impalacnn --archive benchmark/runs
+--teacher-steps 10000 --offline-steps 4000 --total-timesteps 20000 --exploration-fraction 0.2 --checkpoint-every 10000" \
+    --num-seeds 3 --workers "${WORKERS:-3}" --output benchmark/results/qdagger_dqn_atari_impalacnn --archive benchmark/runs
 uv run python -m cleanrl_utils.benchmark --env-ids MinAtar/Breakout-v1 \
-    --command "uv run python cleanrl/dqn_atari.py --exp-name dqn_atari_scratch $MINATAR --total-timesteps 50000 \
---exploration-fraction 0.12" \
-    --num-seeds 3 --workers "${WORKERS:-1}" --output benchmark/results/qdagger_dqn_atari_impalacnn_scratch \
+    --command "uv run python cleanrl/dqn_atari.py --exp-name dqn_atari_scratch $MINATAR --total-timesteps 30000 \
+--exploration-fraction 0.1333" \
+    --num-seeds 3 --workers "${WORKERS:-3}" --output benchmark/results/qdagger_dqn_atari_impalacnn_scratch \
     --archive benchmark/runs
 uv run python -m cleanrl_utils.archive "$(dirname "$TEACHER")" --to benchmark/runs
 # Steps to the teacher's score (its evaluation in the qdagger runs, charts/teacher/avg_episodic_return) and curves.
