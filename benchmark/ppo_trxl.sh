@@ -11,14 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 POM="--num-envs 16 --num-steps 128 --num-minibatches 8 --update-epochs 4 --trxl-num-layers 4 --trxl-num-heads 1"
 POM="$POM --trxl-dim 64 --trxl-positional-encoding none --vf-coef 0.1 --max-grad-norm 0.5 --init-lr 3e-4"
-POM="$POM --init-ent-coef 0.001 --clip-coef 0.2 --total-timesteps 65536"
+POM="$POM --init-ent-coef 0.001 --clip-coef 0.2 --total-timesteps ${POM_STEPS:-65536}"
 BENCH="uv run --all-extras python -m cleanrl_utils.benchmark --num-seeds 3 --workers ${WORKERS:-1}"
 $BENCH --env-ids ProofofMemory-v0 --output benchmark/results/ppo_trxl_pom \
     --command "uv run --all-extras python cleanrl/ppo_trxl.py $POM --trxl-memory-length 16"
 $BENCH --env-ids ProofofMemory-v0 --output benchmark/results/ppo_trxl_pom_no_memory \
     --command "uv run --all-extras python cleanrl/ppo_trxl.py $POM --trxl-memory-length 0 --exp-name ppo_trxl_no_memory"
 $BENCH --env-ids ProofofMemory-v0 --output benchmark/results/ppo_trxl_pom_random \
-    --command "uv run --all-extras python benchmark/random_policy_memory.py --total-timesteps 65536"
+    --command "uv run --all-extras python benchmark/random_policy_memory.py --total-timesteps ${POM_STEPS:-65536}"
 runs=(runs/ProofofMemory-v0__ppo_trxl__* runs/ProofofMemory-v0__ppo_trxl_no_memory__*)
 uv run --all-extras python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/ppo_trxl_pom.png
 
