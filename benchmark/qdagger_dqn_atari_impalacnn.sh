@@ -7,7 +7,8 @@
 #      20k online steps (epsilon 1 -> 0.01 over the first 4k): 30k environment steps in all.
 #   3. dqn_atari.py from scratch for 30k steps (epsilon 1 -> 0.01 over the first 4k), 3 seeds.
 # (A budget that fit the session's share of a machine that four benchmarks queued for.)
-# Results: benchmark/results/qdagger_dqn_atari_impalacnn.md and .png, beside benchmark/results/minatar_random.md.
+# Results: benchmark/results/qdagger_dqn_atari_impalacnn.md (the teacher, the tables below: _qdagger, _scratch, _steps)
+# and .png, beside benchmark/results/minatar_random.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINATAR="--buffer-size 100000 --learning-starts 5000 --learning-rate 2.5e-4"
@@ -20,13 +21,17 @@ TEACHER=$(teacher)
 uv run python -m cleanrl_utils.benchmark --env-ids MinAtar/Breakout-v1 \
     --command "uv run python cleanrl/qdagger_dqn_atari_impalacnn.py --teacher-model $TEACHER $MINATAR \
 --teacher-steps 10000 --offline-steps 4000 --total-timesteps 20000 --exploration-fraction 0.2 --checkpoint-every 10000" \
-    --num-seeds 3 --workers "${WORKERS:-3}" --output benchmark/results/qdagger_dqn_atari_impalacnn --archive benchmark/runs
+    --num-seeds 3 --workers "${WORKERS:-3}" --output benchmark/results/qdagger_dqn_atari_impalacnn_qdagger --archive benchmark/runs
 uv run python -m cleanrl_utils.benchmark --env-ids MinAtar/Breakout-v1 \
     --command "uv run python cleanrl/dqn_atari.py --exp-name dqn_atari_scratch $MINATAR --total-timesteps 30000 \
 --exploration-fraction 0.1333" \
     --num-seeds 3 --workers "${WORKERS:-3}" --output benchmark/results/qdagger_dqn_atari_impalacnn_scratch \
     --archive benchmark/runs
 uv run python -m cleanrl_utils.archive "$(dirname "$TEACHER")" --to benchmark/runs
-# Steps to the teacher's score (its evaluation in the qdagger runs, charts/teacher/avg_episodic_return) and curves.
+# Steps to the teacher's score (7: its saved model scored 7.20 over 10 games, its evaluation in a qdagger run 7.80) and
+# curves. The qdagger runs' steps count the teacher's 10k and the 4k offline gradient steps first.
+uv run python benchmark/steps_to_threshold.py runs/MinAtar-Breakout-v1__qdagger_dqn_atari_impalacnn__* \
+    runs/MinAtar-Breakout-v1__dqn_atari_scratch__* "$(dirname "$TEACHER")" --threshold 7 --window 10 \
+    --output benchmark/results/qdagger_dqn_atari_impalacnn_steps
 uv run python -m cleanrl_utils.plot runs/MinAtar-Breakout-v1__qdagger_dqn_atari_impalacnn__* \
     runs/MinAtar-Breakout-v1__dqn_atari_scratch__* --output benchmark/results/qdagger_dqn_atari_impalacnn.png
