@@ -4,6 +4,8 @@ episodic returns truncated at S into OUT_DIR, for the plot.
 
     uv run --all-extras python benchmark/pqn_atari_envpool_lstm_compare.py 237568 /tmp/trunc \\
         "MinAtar-Breakout-v1__pqn_atari_envpool_lstm__*" "MinAtar-Breakout-v1__pqn_atari__*"
+    uv run --all-extras python benchmark/pqn_atari_envpool_lstm_compare.py 249856 /tmp/trunc \
+        "MinAtar-SpaceInvaders-v1__pqn_atari_envpool_lstm__*" "MinAtar-SpaceInvaders-v1__pqn_atari__*"
     uv run --all-extras python -m cleanrl_utils.plot /tmp/trunc --output benchmark/results/pqn_atari_envpool_lstm.png
 """
 
