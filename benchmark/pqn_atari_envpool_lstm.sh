@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 MINATAR="--total-timesteps 1000000 --num-envs 128 --num-steps 32 --num-minibatches 32 --update-epochs 2"
 MINATAR="$MINATAR --max-grad-norm 10 --learning-rate 5e-4 --end-e 0.05"
 # What ran on 2026-12-05 (GAME=Breakout, then GAME=SpaceInvaders; the bench lock was held by other benchmarks past
-# the deadline): each seed of the same 1M-step run stopped by SIGTERM after STOP_AFTER_S=110 s (it writes a checkpoint: `--resume` continues it to 1M), scored at
-# the step all seeds reached against pqn_atari's runs at that step (benchmark/results/pqn_atari_envpool_lstm.md).
+# the deadline): each seed of the same 1M-step run stopped by SIGTERM after STOP_AFTER_S=110 s (it writes a
+# checkpoint: `--resume` continues it to 1M), scored at the step all seeds reached against pqn_atari's runs at that step (benchmark/results/pqn_atari_envpool_lstm.md).
 if [ -n "${STOP_AFTER_S:-}" ]; then
     for seed in 1 2 3; do
         timeout -s TERM "$STOP_AFTER_S" uv run --all-extras python cleanrl/pqn_atari_envpool_lstm.py $MINATAR \
