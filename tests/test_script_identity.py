@@ -57,6 +57,7 @@ RUNS = {
     ),
     "sac_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY], 300, 200),
     "pqn_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PPO_TINY], 192, 100),
+    "pqn_atari_envpool_lstm.py": (["--env-id", "MinAtar/Breakout-v1", *PPO_TINY], 192, 100),
     "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
     "ppo_continuous_action_hterm.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
     "rpo_continuous_action.py": (["--env-id", "Pendulum-v1", *PPO_TINY], 192, 100),
@@ -81,6 +82,19 @@ RUNS = {
         ],
         192,
         100,
+    ),
+    "ppo_pettingzoo_ma_atari.py": (["--env-id", "pong_v3", *PPO_TINY, "--max-cycles", "160"], 192, 100),
+    "ppo_trxl.py": (
+        ["--env-id", "ProofofMemory-v0", *PPO_TINY, "--trxl-num-layers", "1", "--trxl-dim", "8"]
+        + ["--trxl-num-heads", "1", "--trxl-memory-length", "4"],
+        192,
+        100,
+    ),
+    "qdagger_dqn_atari_impalacnn.py": (  # TEACHER: an untrained dqn_atari.py model (the teacher_model fixture)
+        ["--env-id", "MinAtar/Breakout-v1", "--teacher-model", "TEACHER", *PIXEL_REPLAY_TINY]
+        + ["--teacher-steps", "100", "--offline-steps", "50", "--teacher-eval-episodes", "2"],
+        300,
+        250,
     ),
     "mappo.py": (
         [
@@ -142,17 +156,37 @@ def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     return result
 
 
-def tiny_flags(name: str) -> tuple[list[str], int, int]:
+@pytest.fixture(scope="session")
+def teacher_model(tmp_path_factory) -> Path:
+    """A model saved as dqn_atari.py saves one (untrained: the identity checks need a teacher, not a good one)."""
+    sys.path.insert(0, str(ROOT / "cleanrl"))
+    try:
+        import dqn_atari
+    finally:
+        sys.path.pop(0)
+    from cleanrl_utils.checkpoint import save_model
+
+    path = tmp_path_factory.mktemp("teacher") / "dqn_atari.cleanrl_model"
+    q_network = dqn_atari.QNetwork((4, 10, 10), 3, 1.0)
+    args = dqn_atari.Args(env_id="MinAtar/Breakout-v1")
+    model = dict(q_network=q_network.state_dict(), obs_shape=(4, 10, 10), n_actions=3, obs_high=1.0)
+    save_model(path, args, ROOT / "cleanrl" / "dqn_atari.py", **model)
+    return path
+
+
+def tiny_flags(name: str, request: pytest.FixtureRequest) -> tuple[list[str], int, int]:
     flags, total, every = RUNS[name]
+    if "TEACHER" in flags:
+        flags = [str(request.getfixturevalue("teacher_model")) if f == "TEACHER" else f for f in flags]
     return [*flags, "--total-timesteps", str(total), "--eval-episodes", "1"], total, every
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_copied_script_saves_evaluates_and_resumes_its_own_files(name, tmp_path):
+def test_copied_script_saves_evaluates_and_resumes_its_own_files(name, tmp_path, request):
     copy = tmp_path / "scripts" / f"my_{name}"
     copy.parent.mkdir()
     shutil.copy(ROOT / "cleanrl" / name, copy)
-    flags, total, every = tiny_flags(name)
+    flags, total, every = tiny_flags(name, request)
     ok(run(copy, *flags, "--save-model", "--checkpoint-every", str(every), cwd=tmp_path))
     run_dir = only_run_dir(tmp_path)
     model = run_dir / f"my_{Path(name).stem}.cleanrl_model"
@@ -183,8 +217,8 @@ def test_copied_script_saves_evaluates_and_resumes_its_own_files(name, tmp_path)
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_any_exp_name_saves_and_evaluates(name, tmp_path):
-    flags, _, _ = tiny_flags(name)
+def test_any_exp_name_saves_and_evaluates(name, tmp_path, request):
+    flags, _, _ = tiny_flags(name, request)
     ok(run(ROOT / "cleanrl" / name, *flags, "--exp-name", "other", "--save-model", cwd=tmp_path))
     run_dir = only_run_dir(tmp_path)
     assert "__other__" in run_dir.name
@@ -192,13 +226,13 @@ def test_any_exp_name_saves_and_evaluates(name, tmp_path):
     assert f"{Path(name).stem}.py on" in result.stdout and "over 1 episodes" in result.stdout
 
 
-def test_another_algorithms_files_fail_in_one_line(tmp_path):
+def test_another_algorithms_files_fail_in_one_line(tmp_path, request):
     """A ppo checkpoint given to dqn.py --resume, and a ppo model given to dqn's and sac's evaluate()."""
-    flags, _, every = tiny_flags("ppo.py")
+    flags, _, every = tiny_flags("ppo.py", request)
     ok(run(ROOT / "cleanrl" / "ppo.py", *flags, "--save-model", "--checkpoint-every", str(every), cwd=tmp_path))
     run_dir = only_run_dir(tmp_path)
     (tmp_path / "dqn").mkdir()
-    dqn_flags, _, _ = tiny_flags("dqn.py")
+    dqn_flags, _, _ = tiny_flags("dqn.py", request)
     refused = run(
         ROOT / "cleanrl" / "dqn.py", *dqn_flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path / "dqn"
     )

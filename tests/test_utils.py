@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,6 +261,14 @@ def make_run(root: Path, env_id: str, seed: int, returns: list[float], exp_name:
     return run_dir
 
 
+def resumed_writer(run_dir: Path, purge_step: int) -> SummaryWriter:
+    """The events writer of a run resumed at `purge_step`, as a new process opens it: TensorBoard reads a directory's
+    events files in name order, and a name holds the second it was made and a per-process counter, so a file made in
+    the same second as the first one by the same process (counter 9 -> 10) could sort first and escape the purge."""
+    time.sleep(1.01 - time.time() % 1)
+    return SummaryWriter(str(run_dir), purge_step=purge_step)
+
+
 def test_results_table_matches_hand_computed_numbers(tmp_path):
     # Seed 1: 150 episodes, the last 100 are all 2.0 -> score 2.0; seed 2: 4.0.
     a = make_run(tmp_path, "CartPole-v1", 1, [0.0] * 50 + [2.0] * 100)
@@ -287,7 +296,7 @@ def test_results_leave_the_pause_of_a_resumed_run_out_of_its_wall_time(tmp_path)
     # two events files (two processes); its wall time is the sum of their spans, 49 + 59 s, not the ~3,700 s
     # from its first event to its last.
     run_dir = make_run(tmp_path, "CartPole-v1", 1, [1.0] * 50)  # steps 10 .. 500, wall times 100 .. 149
-    resumed = SummaryWriter(str(run_dir), purge_step=400)
+    resumed = resumed_writer(run_dir, purge_step=400)
     for i, step in enumerate(range(410, 1010, 10)):  # steps 410 .. 1000, wall times 3700 .. 3759
         resumed.add_scalar("charts/episodic_return", 3.0, step, walltime=3700.0 + i)
     resumed.close()
@@ -301,7 +310,7 @@ def test_archive_keeps_what_the_tables_read_and_drops_the_rest(tmp_path, capsys)
     # A resumed run (two events files) that also logged episode lengths and losses: its archived copy holds only the
     # returns, perf/ and the end events, and gives the same table row (score, steps, wall time, peak memory).
     run_dir = make_run(tmp_path / "runs", "CartPole-v1", 1, [float(i) for i in range(150)])  # steps 10 .. 1500
-    writer = SummaryWriter(str(run_dir), purge_step=1200)
+    writer = resumed_writer(run_dir, purge_step=1200)
     for i, step in enumerate(range(1200, 2001, 10)):
         writer.add_scalar("charts/episodic_return", 7.0, step, walltime=500.0 + i)
         writer.add_scalar("charts/episodic_length", 30.0, step, walltime=500.0 + i)
