@@ -28,10 +28,10 @@ uv run python -m cleanrl_utils.benchmark --env-ids MinAtar/Breakout-v1 \
     --num-seeds 3 --workers "${WORKERS:-3}" --output benchmark/results/qdagger_dqn_atari_impalacnn_scratch \
     --archive benchmark/runs
 uv run python -m cleanrl_utils.archive "$(dirname "$TEACHER")" --to benchmark/runs
-# Steps to the teacher's score (7: its saved model scored 7.20 over 10 games, its evaluation in a qdagger run 7.80) and
-# curves. The qdagger runs' steps count the teacher's 10k and the 4k offline gradient steps first.
+# Steps to the teacher's score (8: its saved model's 10-game evaluation, 8.30 on 2026-12-05, rounded down; set THRESHOLD
+# for another teacher) and curves. The qdagger runs' steps count the teacher's 10k and the 4k offline gradient steps first.
 uv run python benchmark/steps_to_threshold.py runs/MinAtar-Breakout-v1__qdagger_dqn_atari_impalacnn__* \
-    runs/MinAtar-Breakout-v1__dqn_atari_scratch__* "$(dirname "$TEACHER")" --threshold 7 --window 10 \
+    runs/MinAtar-Breakout-v1__dqn_atari_scratch__* "$(dirname "$TEACHER")" --threshold "${THRESHOLD:-8}" --window 10 \
     --output benchmark/results/qdagger_dqn_atari_impalacnn_steps
 uv run python -m cleanrl_utils.plot runs/MinAtar-Breakout-v1__qdagger_dqn_atari_impalacnn__* \
     runs/MinAtar-Breakout-v1__dqn_atari_scratch__* --output benchmark/results/qdagger_dqn_atari_impalacnn.png
