@@ -8,9 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MINATAR="--total-timesteps 1000000 --num-envs 128 --num-steps 32 --num-minibatches 32 --update-epochs 2"
 MINATAR="$MINATAR --max-grad-norm 10 --learning-rate 5e-4 --end-e 0.05"
-# What ran on 2026-12-05 (GAME=Breakout, then GAME=SpaceInvaders; the bench lock was held by other benchmarks past
-# the deadline): each seed of the same 1M-step run stopped by SIGTERM after STOP_AFTER_S=110 s (it writes a
-# checkpoint: `--resume` continues it to 1M), scored at the step all seeds reached against pqn_atari's runs at that step (benchmark/results/pqn_atari_envpool_lstm.md).
+# STOP_AFTER_S: each seed of the same 1M-step run stopped by SIGTERM after that many seconds (it writes a checkpoint:
+# `--resume` continues it to 1M); what ran first on 2026-12-05, scored at the step all seeds reached
+# (benchmark/pqn_atari_envpool_lstm_compare.py). The 1M benchmark below ran later that day.
 if [ -n "${STOP_AFTER_S:-}" ]; then
     for seed in 1 2 3; do
         timeout -s TERM "$STOP_AFTER_S" uv run --all-extras python cleanrl/pqn_atari_envpool_lstm.py $MINATAR \
@@ -23,7 +23,7 @@ for game in ${GAMES:-Breakout SpaceInvaders}; do
     suffix=$([ "$game" = Breakout ] && echo "" || echo "_$(echo "$game" | tr '[:upper:]' '[:lower:]')")
     uv run --all-extras python -m cleanrl_utils.benchmark --env-ids "MinAtar/$game-v1" \
         --command "uv run --all-extras python cleanrl/pqn_atari_envpool_lstm.py $MINATAR" --num-seeds 3 \
-        --workers "${WORKERS:-1}" --output "benchmark/results/pqn_atari_envpool_lstm$suffix"
+        --workers "${WORKERS:-1}" --output "benchmark/results/pqn_atari_envpool_lstm$suffix" --archive benchmark/runs
 done
-runs=(runs/MinAtar-*__pqn_atari_envpool_lstm__*)
+runs=(benchmark/runs/MinAtar-*__pqn_atari_envpool_lstm__*)
 uv run --all-extras python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/pqn_atari_envpool_lstm.png

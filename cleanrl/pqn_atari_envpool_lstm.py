@@ -19,8 +19,8 @@ the CPU); envpool's cannot be, so a resumed Atari run starts fresh games with a 
 
     uv run python cleanrl/pqn_atari_envpool_lstm.py --env-id Breakout-v5 --total-timesteps 10000000
 
-Expect MinAtar Breakout ~6.7 and SpaceInvaders ~25.6 after 240-250k steps of the 1M schedule (pqn_atari: ~5.4 and
-~28.7 there): benchmark/results/pqn_atari_envpool_lstm.md.
+Expect MinAtar Breakout ~14.9 and SpaceInvaders ~65 after 1M steps (pqn_atari: ~10.4 and ~76.9; 3 seeds each):
+benchmark/results/pqn_atari_envpool_lstm.md.
 """
 
 import os
