@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "cleanrl"))  # lets tests import the scripts' func
 # As in impala_atari.py: Ray's `uv run` hook would build a uv environment for every worker (set before ray's import).
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # One thread per process: pytest-xdist already runs one test per core, and the scripts under test start their own
-# processes. Measured on the 2-core CI machine, 12 identity tests under -n 2: 90 s with default threads, 76 s with 1.
+# processes. Measured on 2 cores like CI's, 12 identity tests under -n 2: 90 s with default threads, 76 s with 1.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
