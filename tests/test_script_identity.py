@@ -29,6 +29,7 @@ RUNS = {
     "dqn_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY], 300, 200),
     "c51_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY], 300, 200),
     "rainbow_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY], 300, 200),
+    "qrdqn_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PIXEL_REPLAY_TINY, "--n-quantiles", "11"], 300, 200),
     "ppo_atari.py": (["--env-id", "MinAtar/Breakout-v1", *PPO_TINY], 192, 100),
     "ppo_atari_lstm.py": (["--env-id", "MinAtar/Breakout-v1", *PPO_TINY], 192, 100),
     "ppo_atari_multigpu.py": (  # one rank: run without torchrun
