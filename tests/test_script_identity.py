@@ -66,6 +66,11 @@ RUNS = {
     "td3_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
     "ddpg_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY], 300, 200),
     "redq_continuous_action.py": (["--env-id", "Pendulum-v1", *OFF_POLICY_TINY, "--utd-ratio", "2"], 300, 200),
+    "crossq_continuous_action.py": (
+        ["--env-id", "Pendulum-v1", *OFF_POLICY_TINY, "--critic-hidden", "32", "--actor-hidden", "16"],
+        300,
+        200,
+    ),
     "ppo_isaacgym.py": (
         [
             "--env-id",
