@@ -247,7 +247,7 @@ def check_logs(results: Path, scripts: tuple) -> None:
 
 def check_elegant(results: Path) -> None:
     assert "PointChasingVecEnv (cpu) | 4 |" in (results / "point_chasing_sps_gpu.md").read_text()
-    check_logs(results, ("redq_continuous_action",))
+    check_logs(results, ("redq_continuous_action", "crossq_continuous_action"))
 
 
 def check_pixels(results: Path) -> None:

@@ -11,7 +11,7 @@
 #                       8 s / 11 s / 11 s windows (EAGER_SECONDS, COMPILED_SECONDS), beside LeanRL's
 #   mappo           30  vmas/navigation at 4096, 16384 and 32768 worlds (MAPPO_SIZES)
 #   stock_trading   12  StockTrading-v0's raw SPS at 4096 and 65536 portfolios
-#   elegant         35  PointChasing-v0's raw SPS; REDQ and SAC on Hopper-v5 for 12 s each (ELEGANT_SECONDS)
+#   elegant         47  PointChasing-v0's raw SPS; REDQ, SAC and CrossQ on Hopper-v5 for 12 s each (ELEGANT_SECONDS)
 #   pixels          45  dqn_atari, pqn_atari, ppo_atari_envpool, ppo_procgen for 10 s each (PIXELS_SECONDS)
 #   impala          75  14 Ray CPU actors feeding the GPU learner on Breakout, 60 s (IMPALA_SECONDS); runs only if
 #                       the items above left the time (alone: bash benchmark/impala_gpu.sh, 180 s)
@@ -75,7 +75,7 @@ else
     item mappo 30 env SIZES="${MAPPO_SIZES:-4096 16384 32768}" bash benchmark/mappo_gpu.sh
     item stock_trading 12 "$PYTHON" benchmark/stock_trading_sps.py --device cuda --sizes 4096 --large --sync-sizes 1 \
         --seconds 2 --output "$RESULTS/stock_trading_sps_gpu.md"
-    item elegant 35 env SECONDS_PER_RUN="${ELEGANT_SECONDS:-12}" SPS_SECONDS=1 bash benchmark/elegant_gpu.sh
+    item elegant 47 env SECONDS_PER_RUN="${ELEGANT_SECONDS:-12}" SPS_SECONDS=1 bash benchmark/elegant_gpu.sh
     item pixels 45 env SECONDS_PER_RUN="${PIXELS_SECONDS:-10}" bash benchmark/pixels_gpu.sh
     item impala 75 env SECONDS_PER_RUN="${IMPALA_SECONDS:-60}" bash benchmark/impala_gpu.sh
 fi
