@@ -89,6 +89,12 @@ RUNS = {
         192,
         100,
     ),
+    "fast_td3_isaacgym.py": (
+        ["--simulator", "gymnasium", "--env-id", "Pendulum-v1", "--num-envs", "2", "--buffer-size", "200"]
+        + ["--batch-size", "16", "--learning-starts", "100", "--critic-hidden", "32", "--actor-hidden", "16"],
+        300,
+        200,
+    ),
     "ppo_pettingzoo_ma_atari.py": (["--env-id", "pong_v3", *PPO_TINY, "--max-cycles", "160"], 192, 100),
     "ppo_trxl.py": (
         ["--env-id", "ProofofMemory-v0", *PPO_TINY, "--trxl-num-layers", "1", "--trxl-dim", "8"]
