@@ -401,3 +401,18 @@ def test_validate_rejects(capsys, overrides, fragment):
         fast_td3.validate(args)
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(lines) == 1 and fragment in lines[0], lines
+
+
+def test_amp_trains_in_bf16_autocast_and_keeps_everything_stored_in_float32(workdir):
+    flags = ["--simulator", "gymnasium", "--env-id", "Pendulum-v1", "--num-envs", "2", "--buffer-size", "200"]
+    flags += ["--batch-size", "32", "--learning-starts", "100", "--total-timesteps", "300", "--critic-hidden", "32"]
+    flags += ["--actor-hidden", "16", "--v-min", "-1000", "--v-max", "10", "--log-every", "100", "--amp"]
+    flags += ["--checkpoint-every", "300"]
+    result = run_script(SCRIPT, *flags, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(workdir)
+    assert_finite_keys(read_scalars(run_dir), ["losses/qf1_loss", "losses/qf2_loss", "losses/actor_loss"])
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    stored = [*checkpoint["actor"].values(), *checkpoint["qnet"].values(), *checkpoint["qnet_target"].values()]
+    stored += [value for key, value in checkpoint["replay_buffer"].items() if key in ("obs", "actions", "rewards")]
+    assert all(value.dtype == torch.float32 for value in stored)
