@@ -28,6 +28,7 @@ Warp belong to a GPU; on the CPU, Hopper-v5 through gymnasium beside td3_continu
 import importlib.util
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Literal, Optional, Union
@@ -142,6 +143,8 @@ class Args:
     """if toggled, compile the updates and the policy step with torch.compile (meant for GPUs)"""
     log_every: int = 100
     """read losses and episode statistics back to the host every this many steps of all environments"""
+    time_limit_seconds: float = 0.0
+    """stop training after this many seconds of wall-clock time (0: no limit); for comparisons at equal wall time"""
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for (deterministic policy)"""
 
@@ -174,7 +177,8 @@ def validate(args: Args) -> str:
     check_positive(**{name: getattr(args, name) for name in positive})
     check_positive(policy_frequency=args.policy_frequency, log_every=args.log_every, eval_episodes=args.eval_episodes)
     check_positive(critic_hidden=args.critic_hidden, actor_hidden=args.actor_hidden)
-    for name in ("checkpoint_every", "learning_starts", "torch_threads", "max_grad_norm", "weight_decay"):
+    non_negative = ("checkpoint_every", "learning_starts", "torch_threads", "max_grad_norm", "weight_decay")
+    for name in non_negative + ("time_limit_seconds",):
         if getattr(args, name) < 0:
             fail(f"--{name.replace('_', '-')} must be 0 or positive, got {getattr(args, name)}")
     if args.capture_video:
@@ -571,7 +575,9 @@ if __name__ == "__main__":
                     torch._foreach_lerp_(list(qnet_target.parameters()), list(qnet.parameters()), args.tau)
 
         # 3. Log every --log-every steps (one device-to-host read; MuJoCo Warp's buffer check), checkpoint when due.
-        if global_step // args.log_every > previous_step // args.log_every or global_step >= args.total_timesteps:
+        out_of_time = args.time_limit_seconds > 0 and time.time() - run.start_time >= args.time_limit_seconds
+        ended = global_step >= args.total_timesteps or out_of_time
+        if global_step // args.log_every > previous_step // args.log_every or ended:
             finished, return_sum, length_sum = episode_stats.tolist()
             episode_stats.zero_()
             if finished > 0:  # the mean over the episodes that ended since the last log line
@@ -583,6 +589,9 @@ if __name__ == "__main__":
                 scalars["losses/actor_loss"] = actor_loss
             run.log(global_step, scalars)
         run.end_iteration(global_step)
+        if out_of_time:
+            print(f"--time-limit-seconds {args.time_limit_seconds:g} reached at step {global_step}", flush=True)
+            break
 
     def evaluate_in_training_envs(model_path: Path, eval_episodes: int, device: torch.device, **_) -> List[float]:
         """Isaac Gym runs one simulation per process: the reloaded model plays in the training environments."""

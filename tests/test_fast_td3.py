@@ -393,6 +393,7 @@ def test_bad_input_fails_in_one_line(workdir, flags, fragments):
         (dict(n_steps=0), "--n-steps must be positive"),
         (dict(tau=0.0), "--gamma and --tau must be in (0, 1]"),
         (dict(capture_video=True), "--capture-video is not supported"),
+        (dict(time_limit_seconds=-1.0), "--time-limit-seconds must be 0 or positive"),
     ],
 )
 def test_validate_rejects(capsys, overrides, fragment):
@@ -416,3 +417,26 @@ def test_amp_trains_in_bf16_autocast_and_keeps_everything_stored_in_float32(work
     stored = [*checkpoint["actor"].values(), *checkpoint["qnet"].values(), *checkpoint["qnet_target"].values()]
     stored += [value for key, value in checkpoint["replay_buffer"].items() if key in ("obs", "actions", "rewards")]
     assert all(value.dtype == torch.float32 for value in stored)
+
+
+def test_a_time_limit_stops_training_and_still_saves_and_evaluates(workdir):
+    flags = ["--simulator", "gymnasium", "--env-id", "Pendulum-v1", "--num-envs", "2", "--buffer-size", "200"]
+    flags += [
+        "--batch-size",
+        "32",
+        "--learning-starts",
+        "100",
+        "--total-timesteps",
+        "10000000",
+        "--critic-hidden",
+        "32",
+    ]
+    flags += ["--actor-hidden", "16", "--log-every", "50", "--time-limit-seconds", "4", "--save-model"]
+    flags += ["--eval-episodes", "1"]
+    result = run_script(SCRIPT, *flags, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert "--time-limit-seconds 4 reached at step" in result.stdout
+    (run_dir,) = run_dirs(workdir)
+    scalars = read_scalars(run_dir)
+    last_step = max(step for step, _ in scalars["charts/SPS"])
+    assert 100 < last_step < 10_000_000 and len(scalars["eval/episodic_return"]) == 1
