@@ -280,13 +280,18 @@ class BatchRenorm(nn.Module):
         return ((x - mean) / std * r + d) * self.weight + self.bias
 
 
-def critic_network(in_dim: int, hidden: int, momentum: float, warmup_steps: int) -> nn.Sequential:
-    """Q(s, a), one critic, as the authors lay it out: batch renormalisation of the input (s, a), then two ReLU layers
-    each followed by batch renormalisation, then one output unit."""
+def renormalised_relu_layers(in_dim: int, hidden: int, momentum: float, warmup_steps: int) -> list[nn.Module]:
+    """The authors' layout for both networks: batch renormalisation of the input, then two ReLU layers of `hidden`
+    units, each followed by batch renormalisation."""
     layers = [BatchRenorm(in_dim, momentum, warmup_steps)]
     for width_in, width_out in ((in_dim, hidden), (hidden, hidden)):
         layers += [nn.Linear(width_in, width_out), nn.ReLU(), BatchRenorm(width_out, momentum, warmup_steps)]
-    return nn.Sequential(*layers, nn.Linear(hidden, 1))
+    return layers
+
+
+def critic_network(in_dim: int, hidden: int, momentum: float, warmup_steps: int) -> nn.Sequential:
+    """Q(s, a), one critic: the renormalised ReLU layers on (s, a), then one output unit."""
+    return nn.Sequential(*renormalised_relu_layers(in_dim, hidden, momentum, warmup_steps), nn.Linear(hidden, 1))
 
 
 class TwinCritic(nn.Module):
@@ -310,10 +315,7 @@ class Actor(nn.Module):
 
     def __init__(self, obs_dim: int, action_low, action_high, hidden: int, momentum: float, warmup_steps: int):
         super().__init__()
-        layers = [BatchRenorm(obs_dim, momentum, warmup_steps)]
-        for width_in, width_out in ((obs_dim, hidden), (hidden, hidden)):
-            layers += [nn.Linear(width_in, width_out), nn.ReLU(), BatchRenorm(width_out, momentum, warmup_steps)]
-        self.trunk = nn.Sequential(*layers)
+        self.trunk = nn.Sequential(*renormalised_relu_layers(obs_dim, hidden, momentum, warmup_steps))
         self.fc_mean = nn.Linear(hidden, len(action_low))
         self.fc_logstd = nn.Linear(hidden, len(action_low))
         action_scale, action_bias = action_scale_and_bias(action_low, action_high)

@@ -1,28 +1,23 @@
 """FastTD3: TD3 for thousands of simulated worlds, with everything on the device.
 
 Seo et al. 2025, "FastTD3: Simple, Fast, and Capable Reinforcement Learning for Humanoid Control"
-(https://arxiv.org/abs/2505.22642; the authors' code, github.com/younggyoseo/FastTD3, is what this follows): TD3 fed by
-many parallel environments, very large batches (32,768), a C51-style distributional twin critic (clipped double Q:
-each sample's target is the projected distribution of the critic whose mean is lower), n-step returns, a replay buffer
-of device tensors holding the last `buffer_size` steps of each environment, exploration noise whose scale is drawn per
-environment from [std_min, std_max] and redrawn when its episode ends, observations normalised by running statistics,
-AdamW (weight decay 0.1), two critic updates and one policy update per step, no target policy (the target actions are
-the policy's own, smoothed with clipped noise), `--amp` (bf16 autocast) and `--compile`.
+(https://arxiv.org/abs/2505.22642; the authors' code, github.com/younggyoseo/FastTD3): TD3 fed by many parallel
+environments, batches of 32,768, a C51-style distributional twin critic (clipped double Q: each sample learns the
+projected distribution of the critic whose mean is lower), n-step returns, a device replay buffer of the last
+`buffer_size` steps of each environment, exploration noise scales drawn per environment from [std_min, std_max] and
+redrawn when its episode ends, running observation normalisation, AdamW, two critic updates and one policy update per
+step, no target policy (target actions are the policy's own plus clipped noise), `--amp` (bf16) and `--compile`.
 
-Action space: a one-dimensional Box (the policy acts in [-1, 1], mapped onto the bounds). Simulators (`--simulator`):
-MuJoCo Warp (Ant, Humanoid, Hopper, HalfCheetah, Walker2d; the default unless Isaac Gym is importable), Isaac Gym, and
-gymnasium's CPU vector envs (`--simulator gymnasium --env-id Hopper-v5 --num-envs 16`), the plumbing in
-cleanrl_utils/envs/. Checkpoints hold the replay buffer and the simulator's state (not Isaac Gym's).
+Action space: a one-dimensional Box (the policy acts in [-1, 1], mapped onto the bounds). `--simulator`: MuJoCo Warp
+(Ant, Humanoid, Hopper, HalfCheetah, Walker2d; default unless Isaac Gym is importable), Isaac Gym, or gymnasium's CPU
+vector envs (cleanrl_utils/envs/). Checkpoints hold the replay buffer and the simulator's state (not Isaac Gym's).
 
     uv run python cleanrl/fast_td3_isaacgym.py --env-id Humanoid
     uv run python cleanrl/fast_td3_isaacgym.py --simulator gymnasium --env-id Hopper-v5 --num-envs 16 \\
         --batch-size 256 --buffer-size 20000 --learning-starts 5000 --v-min -100 --v-max 400
 
-Where ours differs from the authors' code: an n-step window stops at the first end of its episode, a truncation as
-well as a termination (theirs stops its rewards only at a termination), and at the newest step stored; the running
-observation statistics are updated by the observations acted on, not by the replayed ones too; the policy's actions
-are clipped to [-1, 1] before they are stored and scaled onto the task's bounds. Benchmarks: Ant and Humanoid on MuJoCo
-Warp belong to a GPU; on the CPU, Hopper-v5 through gymnasium beside td3_continuous_action.py (see the README).
+Unlike the authors' code, an n-step window stops at any episode end (theirs runs on past a truncation) and at the
+newest step stored, and only the observations acted on update the running statistics.
 """
 
 import importlib.util
@@ -250,11 +245,15 @@ class ObservationNormalizer(nn.Module):
         return ((x - self.mean) / (self.var.clamp(min=1e-4).sqrt() + 0.01)).float()
 
 
-def distributional_q_network(in_dim: int, hidden: int, num_atoms: int) -> nn.Sequential:
-    """Logits of Q(s, a)'s distribution over the atoms: ReLU layers of hidden, hidden / 2 and hidden / 4 units."""
+def relu_layers(in_dim: int, hidden: int) -> List[nn.Module]:
+    """The authors' trunk for both networks: ReLU layers of hidden, hidden / 2 and hidden / 4 units."""
     widths = [in_dim, hidden, hidden // 2, hidden // 4]
-    layers = [module for a, b in zip(widths, widths[1:]) for module in (nn.Linear(a, b), nn.ReLU())]
-    return nn.Sequential(*layers, nn.Linear(widths[-1], num_atoms))
+    return [module for a, b in zip(widths, widths[1:]) for module in (nn.Linear(a, b), nn.ReLU())]
+
+
+def distributional_q_network(in_dim: int, hidden: int, num_atoms: int) -> nn.Sequential:
+    """Logits of Q(s, a)'s distribution over the atoms: the ReLU trunk, then one unit per atom."""
+    return nn.Sequential(*relu_layers(in_dim, hidden), nn.Linear(hidden // 4, num_atoms))
 
 
 class Critic(nn.Module):
@@ -280,9 +279,8 @@ class Actor(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int, init_scale: float):
         super().__init__()
-        widths = [obs_dim, hidden, hidden // 2, hidden // 4]
-        self.net = nn.Sequential(*[m for a, b in zip(widths, widths[1:]) for m in (nn.Linear(a, b), nn.ReLU())])
-        self.fc_mu = nn.Linear(widths[-1], act_dim)
+        self.net = nn.Sequential(*relu_layers(obs_dim, hidden))
+        self.fc_mu = nn.Linear(hidden // 4, act_dim)
         nn.init.normal_(self.fc_mu.weight, 0.0, init_scale)
         nn.init.zeros_(self.fc_mu.bias)
 
