@@ -627,7 +627,10 @@ def test_on_a_cpu_the_run_names_its_device_stays_quiet_and_answers_sigterm_midwa
     out, err = proc.communicate(timeout=120)
     answered = time.monotonic() - signalled
     assert proc.returncode == 0, err
-    assert answered < iteration_seconds / 2, (answered, iteration_seconds)  # not at the end of the iteration
+    # Answered midway, not at the end of iteration 2: that shows in the checkpoint below (iteration 1, not 2). The
+    # wall time only rules out a hang: writing the checkpoint and exiting took 4 s of a 6.5 s iteration on a loaded CI
+    # machine, so it is no measure of where the signal was answered.
+    assert answered < 60, (answered, iteration_seconds)
     assert "SIGTERM: checkpoint written" in out, out
     printed = "".join(lines + [out, err]).splitlines()
     chatter = [line for line in printed if line.startswith(("Warp ", "Module ")) or "Warp CUDA warning" in line]
