@@ -258,6 +258,12 @@ def check_impala(results: Path) -> None:
     assert "| MinAtar-Breakout-v1 | --no-cuda --num-actors 2" in (results / "impala_gpu.md").read_text()
 
 
+def check_fast_td3(results: Path) -> None:
+    for log in ("fast_td3_gpu_Hopper.log", "ppo_beside_fast_td3_gpu_Hopper.log"):
+        text = (results / log).read_text()
+        assert "Traceback" not in text and "64/64 steps (100%)" in text, text[-2000:]
+
+
 RUN_ALL_ITEMS = {
     "ppo_isaacgym": check_ppo_isaacgym,
     "compile_table": check_compile_table,
@@ -266,6 +272,7 @@ RUN_ALL_ITEMS = {
     "elegant": check_elegant,
     "pixels": check_pixels,
     "impala": check_impala,
+    "fast_td3": check_fast_td3,
 }
 
 
