@@ -45,8 +45,8 @@ case "$part" in
         # archived run still going (archived with its checkpoint, no finished.json) is no result yet.
         shopt -s nullglob
         runs=()
-        for run in benchmark/runs/StarpilotEasy-v0__{ppo_procgen,ppg_procgen,random_policy}__*; do
-            if [[ -f $run/finished.json ]]; then runs+=("$run"); else echo "not finished, left out: $run" >&2; fi
+        for run in benchmark/runs/StarpilotEasy-v0__{ppo_procgen,ppg_procgen,random_policy}__*.tar.xz; do
+            if tar -tJf "$run" | grep -q '/finished.json$'; then runs+=("$run"); else echo "not finished, left out: $run" >&2; fi
         done
         uv run --extra envpool python -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/procgen_cpu
         uv run --extra envpool python -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/procgen_cpu.png

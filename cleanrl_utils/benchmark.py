@@ -34,8 +34,9 @@ checkpoints and exited (dying at once would close the pipe their output goes to)
 number and leaves --output as it was; a SIGTERM to the runner alone lets the running jobs end and starts no more.
 
 A benchmark longer than a session on machines that keep nothing between sessions takes `--archive benchmark/runs`:
-each job's run is copied there, thinned (cleanrl_utils.archive), as soon as it finishes, for the repository; the next
-session's runner first copies the archived runs back into --runs-dir, so it skips their jobs and tabulates all seeds.
+each job's run is packed there, thinned, as one <run>.tar.xz (cleanrl_utils.archive), as soon as it finishes, for the
+repository; the next session's runner first unpacks the archived runs into --runs-dir, so it skips their jobs and
+tabulates all seeds.
 A runner stopped by SIGTERM/SIGINT archives the runs it stopped too, with the checkpoints they wrote on the way out,
 and the next session's runner continues them from there: a single run longer than a session spans several.
 
@@ -257,13 +258,14 @@ def run_job(job: Job, lock: threading.Lock, prefix: bool) -> Job:
 
 
 def restore_archived(archive_dir: Path, runs_root: Path) -> None:
-    """Copy the runs archived in `archive_dir` (cleanrl_utils.archive) that `runs_root` lacks back into it: on a
-    machine that kept nothing, their jobs are then found finished and skipped, or continued from their checkpoints."""
-    runs_root.mkdir(parents=True, exist_ok=True)
-    for archived in sorted(existing_run_dirs(archive_dir)):
-        if not (runs_root / archived.name).exists():
-            shutil.copytree(archived, runs_root / archived.name)
-            print(f"restored the archived run {archived.name} into {runs_root}", flush=True)
+    """Unpack the runs archived in `archive_dir` (cleanrl_utils.archive) that `runs_root` lacks into it: on a machine
+    that kept nothing, their jobs are then found finished and skipped, or continued from their checkpoints."""
+    from cleanrl_utils.archive import archived_runs, run_name, unpack
+
+    for archived in archived_runs(archive_dir):
+        if not (runs_root / run_name(archived)).exists():
+            unpack(archived, runs_root)
+            print(f"restored the archived run {run_name(archived)} into {runs_root}", flush=True)
 
 
 def finished(job: Job) -> bool:
@@ -273,11 +275,11 @@ def finished(job: Job) -> bool:
 def archive_job(job: Job, archive_dir: Path, stopped: bool = False) -> None:
     """A thinned copy of a finished job's run in `archive_dir`, unless one is there; when the runner was `stopped`,
     also of an unfinished run with its checkpoint, for the next session to continue."""
-    from cleanrl_utils.archive import KEEP, archive_run
+    from cleanrl_utils.archive import ARCHIVE_SUFFIX, KEEP, archive_run, archived_finished
     from cleanrl_utils.checkpoint import CHECKPOINT_NAME
 
     if finished(job):
-        if not (archive_dir / job.run_dir.name / FINISHED_NAME).is_file():
+        if not archived_finished(archive_dir / f"{job.run_dir.name}{ARCHIVE_SUFFIX}"):
             print(f"[{job.label}] archived to {archive_run(job.run_dir, archive_dir, KEEP)}", flush=True)
     elif stopped and job.run_dir is not None and (job.run_dir / CHECKPOINT_NAME).is_file():
         target = archive_run(job.run_dir, archive_dir, KEEP)
@@ -508,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
         "--archive",
         type=Path,
         default=None,
-        help="copy each finished run, thinned (cleanrl_utils.archive), to this folder as it ends (stopped by a signal: "
+        help="pack each finished run, thinned (cleanrl_utils.archive), into this folder as it ends (stopped by a signal: "
         "the runs it stopped too, with their checkpoints), and restore the runs archived there into --runs-dir first "
         "(a benchmark longer than a session on machines that keep nothing)",
     )

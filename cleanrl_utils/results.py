@@ -19,11 +19,14 @@ helper and the tuner.
 from __future__ import annotations
 
 import argparse
+import atexit
 import csv
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,21 +63,43 @@ FINISHED_NAME = "finished.json"
 
 
 def find_run_dirs(paths: list[Path]) -> list[Path]:
-    """Run directories among `paths`: each path is a run directory (it holds TensorBoard events)
-    or a folder such as runs/ with run directories somewhere below it. Events inside a run
-    directory's own subfolders (W&B's copy under wandb/) are not runs of their own."""
+    """Run directories among `paths`: each path is a run directory (it holds TensorBoard events), a run packed by
+    cleanrl_utils.archive (<run>.tar.xz, unpacked for reading into a folder removed at exit), or a folder such as
+    runs/ or benchmark/runs with either somewhere below it. Events inside a run directory's own subfolders (W&B's
+    copy under wandb/) are not runs of their own."""
+    from cleanrl_utils.archive import ARCHIVE_SUFFIX
+
     found: list[Path] = []
     for path in map(Path, paths):
+        if path.is_file() and path.name.endswith(ARCHIVE_SUFFIX):
+            found += [run_dir for run_dir in [unpacked_for_reading(path)] if run_dir not in found]
+            continue
         if not path.is_dir():
             raise RunError(f"{path}: no such directory")
         below: list[Path] = []
         for run_dir in sorted({events.parent for events in path.rglob(EVENTS_GLOB)}, key=lambda d: len(d.parts)):
             if not any(outer in run_dir.parents for outer in below):
                 below.append(run_dir)
-        if not below:
+        packed = [unpacked_for_reading(archive) for archive in sorted(path.rglob(f"*{ARCHIVE_SUFFIX}"))]
+        if not below and not packed:
             raise RunError(f"{path}: no TensorBoard events in it or below it (not a run directory)")
-        found += [run_dir for run_dir in sorted(below) if run_dir not in found]
+        found += [run_dir for run_dir in sorted(below) + packed if run_dir not in found]
     return found
+
+
+_unpacked: dict[Path, Path] = {}
+
+
+def unpacked_for_reading(archive: Path) -> Path:
+    """A packed run, unpacked once per process into a temporary folder that is removed at exit."""
+    from cleanrl_utils.archive import unpack
+
+    archive = archive.resolve()
+    if archive not in _unpacked:
+        folder = Path(tempfile.mkdtemp(prefix="cleanrl-unpacked-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _unpacked[archive] = unpack(archive, folder)
+    return _unpacked[archive]
 
 
 def run_info(run_dir: Path) -> dict:

@@ -12,11 +12,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 from conftest import ROOT, read_scalars, script_env
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+from cleanrl_utils.archive import unpack
 
 ECHO = ROOT / "tests" / "flag_echo.py"
 TINY_PPO = (
@@ -111,11 +114,12 @@ def test_an_archived_benchmark_goes_on_where_it_stopped_on_a_machine_that_kept_n
     first = subprocess.run([*argv, "--num-seeds", "1"], cwd=tmp_path, env=script_env(), capture_output=True, text=True)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr
     (archived,) = (tmp_path / "benchmark" / "runs").iterdir()
-    assert "archived to" in first.stdout and not list(archived.glob("*.pt"))  # no checkpoint in the archive
+    with tarfile.open(archived) as tar:  # no checkpoint in the archive
+        assert "archived to" in first.stdout and not [name for name in tar.getnames() if name.endswith(".pt")]
     shutil.rmtree(tmp_path / "runs")
     second = subprocess.run([*argv, "--num-seeds", "2"], cwd=tmp_path, env=script_env(), capture_output=True, text=True)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr
-    assert f"restored the archived run {archived.name}" in second.stdout
+    assert f"restored the archived run {archived.name.removesuffix('.tar.xz')}" in second.stdout
     assert "[CartPole-v1 seed 1] finished before" in second.stdout and second.stdout.count("--seed 1\n") == 0
     assert len(list((tmp_path / "benchmark" / "runs").iterdir())) == 2
     assert "| ppo.py | CartPole-v1 | 1024 | 1 2 |" in (tmp_path / "results" / "ppo.md").read_text()
@@ -131,7 +135,7 @@ def test_a_run_stopped_with_its_archived_benchmark_goes_on_from_its_checkpoint_o
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'cleanrl' / 'ppo.py'))} {TINY_PPO}"
     argv = [sys.executable, "-m", "cleanrl_utils.benchmark", "--env-ids", "CartPole-v1", "--command", command]
     argv += ["--num-seeds", "1", "--archive", "benchmark/runs", "--output", "results/ppo"]
-    runs, archive = tmp_path / "runs", tmp_path / "benchmark" / "runs"
+    runs = tmp_path / "runs"
     output = tmp_path / "session1.txt"
     first = start(argv, tmp_path, output)
     deadline = time.monotonic() + 180
@@ -143,11 +147,9 @@ def test_a_run_stopped_with_its_archived_benchmark_goes_on_from_its_checkpoint_o
     log = output.read_text()
     (run_dir,) = seed_runs(runs, 1)
     assert not (run_dir / "finished.json").exists(), "stopped too late: the run had finished"
-    assert (
-        f"[CartPole-v1 seed 1] unfinished: archived with its checkpoint to {Path('benchmark/runs') / run_dir.name}"
-        in log
-    )
-    copy = archive / run_dir.name
+    packed = Path("benchmark/runs") / f"{run_dir.name}.tar.xz"
+    assert f"[CartPole-v1 seed 1] unfinished: archived with its checkpoint to {packed}" in log
+    copy = unpack(tmp_path / packed, tmp_path / "unpacked")
     assert (copy / "checkpoint.pt").read_bytes() == (run_dir / "checkpoint.pt").read_bytes()
     assert max(step for series in read_scalars(run_dir).values() for step, _ in series) < 1024
 
@@ -159,6 +161,7 @@ def test_a_run_stopped_with_its_archived_benchmark_goes_on_from_its_checkpoint_o
     old_events, new_events = sorted((runs / run_dir.name).glob("events.*"), key=lambda path: path.stat().st_mtime)
     resumed_steps = [event.step for event in EventFileLoader(str(new_events)).Load() if event.HasField("summary")]
     assert min(resumed_steps) >= 512 and max(resumed_steps) <= 1024  # from the checkpoint on, not from step 0
+    copy = unpack(tmp_path / packed, tmp_path / "unpacked again")
     assert (copy / "finished.json").is_file() and not (copy / "checkpoint.pt").exists()
     assert json.loads((copy / "finished.json").read_text())["global_step"] == 1024
     assert "| ppo.py | CartPole-v1 | 1024 | 1 |" in (tmp_path / "results" / "ppo.md").read_text()

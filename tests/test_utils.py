@@ -324,7 +324,10 @@ def test_archive_keeps_what_the_tables_read_and_drops_the_rest(tmp_path, capsys)
     (run_dir / results.FINISHED_NAME).write_text("{}")
     (run_dir / "checkpoint.pt").write_text("large")
     archive.main([str(tmp_path / "runs"), "--to", str(tmp_path / "kept")])
-    copy = tmp_path / "kept" / run_dir.name
+    (packed,) = (tmp_path / "kept").iterdir()  # one file per run, nothing left beside it
+    assert packed.name == f"{run_dir.name}.tar.xz" and archive.archived_finished(packed)
+    (copy,) = results.find_run_dirs([tmp_path / "kept"])  # the tools read a packed run as a run directory
+    assert copy.name == run_dir.name and results.find_run_dirs([packed]) == [copy]
     assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run_dir.iterdir() if p.suffix != ".pt")
     original, kept = results.read_summary(run_dir), results.read_summary(copy)
     assert kept == original and (kept.steps, kept.peak_memory_gb) == (2010, 1.5)
@@ -333,6 +336,8 @@ def test_archive_keeps_what_the_tables_read_and_drops_the_rest(tmp_path, capsys)
     assert sorted(scalars) == ["charts/episodic_return", "losses/td_loss", "perf/peak_memory_gb"]
     assert len(results.read_scalar(copy, "losses/td_loss")[0]) == 1  # only the last event of the file
     assert len(results.read_scalar(copy, "charts/episodic_return")[0]) == 119 + 81  # 1200-1500 purged
+    archive.main([str(run_dir), "--to", str(tmp_path / "again")])  # the same run packs to the same bytes
+    assert (tmp_path / "again" / packed.name).read_bytes() == packed.read_bytes()
 
 
 def test_archive_takes_an_unfinished_run_with_its_checkpoint_only_when_asked(tmp_path, capsys):
@@ -355,7 +360,9 @@ def test_archive_takes_an_unfinished_run_with_its_checkpoint_only_when_asked(tmp
 
     archive.main([str(run_dir), "--to", str(kept), "--unfinished"])
     assert "unfinished: with its checkpoint" in capsys.readouterr().out
-    copy = kept / run_dir.name
+    packed = kept / f"{run_dir.name}.tar.xz"
+    assert not archive.archived_finished(packed)
+    copy = archive.unpack(packed, tmp_path / "restored")
     assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run_dir.iterdir())
     assert (copy / "checkpoint.pt").read_bytes() == (run_dir / "checkpoint.pt").read_bytes()
     assert not (copy / results.FINISHED_NAME).exists()
@@ -363,6 +370,8 @@ def test_archive_takes_an_unfinished_run_with_its_checkpoint_only_when_asked(tmp
 
     (run_dir / results.FINISHED_NAME).write_text("{}")
     archive.main([str(run_dir), "--to", str(kept)])
+    assert [p.name for p in kept.iterdir()] == [packed.name] and archive.archived_finished(packed)
+    copy = archive.unpack(packed, tmp_path / "restored again")
     assert not (copy / "checkpoint.pt").exists() and (copy / results.FINISHED_NAME).is_file()
     assert len(list(copy.glob("events.out.tfevents.*"))) == 1
 
