@@ -543,10 +543,12 @@ if __name__ == "__main__":
             rng=rng_state(),
         )
 
-    def stop_midway(start: dict) -> None:
-        """SIGTERM/SIGINT arrived during an iteration: go back to the state it started from, checkpoint that (a
-        resumed run does the whole iteration again, exactly) and exit (run.end_iteration)."""
+    def stop_midway(start: dict, where: str) -> None:
+        """SIGTERM/SIGINT arrived during an iteration (`where`: in its rollout or its update): go back to the state it
+        started from, checkpoint that (a resumed run does the whole iteration again, exactly) and exit
+        (run.end_iteration)."""
         global next_obs, global_step, iteration
+        print(f"\n{run.stop.received} during iteration {iteration}'s {where}: back to where it began", flush=True)
         agent.load_state_dict(start["agent"])
         optimizer.load_state_dict(start["optimizer"])
         obs_rms.load_state_dict(start["obs_rms"])
@@ -586,7 +588,7 @@ if __name__ == "__main__":
                 )
                 run.progress.update(global_step)  # the console line, redrawn during long rollouts (no host read)
                 if run.stop:
-                    stop_midway(iteration_start)
+                    stop_midway(iteration_start, f"rollout, at step {global_step:,}")
 
             # 2. Advantages: values of the whole rollout in batched passes; a truncated episode is bootstrapped
             # with the value of its true final observation.
@@ -611,7 +613,7 @@ if __name__ == "__main__":
                 stats = update(agent, optimizer, batch.take(b_inds[first : first + args.minibatch_size]), args)
                 clipped += stats["clipfrac"]
                 if run.stop:
-                    stop_midway(iteration_start)
+                    stop_midway(iteration_start, "update")
 
             # The early stop reads the KL on the host: one sync per epoch, only when asked for.
             if args.target_kl is not None and stats["approx_kl"].item() > args.target_kl:
