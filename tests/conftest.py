@@ -22,18 +22,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's `--dist loadgroup` (pyproject's addopts), the tests that share a module-scoped fixture (a
-    script's probed run, a built kit) form one group that one worker runs, so the fixture runs once. Scheduled test by
-    test, a module was often split between the two workers and each ran its fixture. Every other test is scheduled
-    on its own."""
-    for item in items:
-        fixtures = getattr(item, "_fixtureinfo", None)
-        if fixtures and any(defs[-1].scope == "module" for defs in fixtures.name2fixturedefs.values()):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-
-
 def script_env(**extra: str | None) -> dict:
     """The environment for a script under test: headless rendering, W&B offline, no API key.
     A None value removes that variable."""
