@@ -7,9 +7,8 @@ results tables and plots read (the episodic returns, perf/ and eval/ scalars, th
 scalar event of each events file and the one at the largest step, so the wall time and the step count of the table
 are the same read from the copy), into one file, benchmark/runs/<run name>.tar.xz. The kept events are written byte
 for byte, in files of the same names; checkpoints, models and videos stay behind. A run that has not finished is
-refused: it is not a result yet. xz shrinks the events about 5x, and every device call of the GPU runbook carries the
-repository's files (benchmark/gpu/README.md): 23.8 MB of archived runs as folders, 4.8 MB packed.
-cleanrl_utils.results and cleanrl_utils.plot read these files as they read run directories.
+refused: it is not a result yet. xz packs the kept events about 5x smaller; cleanrl_utils.results and
+cleanrl_utils.plot read these files as they read run directories.
 
     python -m cleanrl_utils.archive runs/StarpilotEasy-v0__ppg_procgen__1__* --to benchmark/runs --unfinished
 

@@ -512,8 +512,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="pack each finished run, thinned (cleanrl_utils.archive), into this folder as it ends (stopped by a "
         "signal: the runs it stopped too, with their checkpoints), and restore the runs archived there into --runs-dir "
-        "first "
-        "(a benchmark longer than a session on machines that keep nothing)",
+        "first (a benchmark longer than a session on machines that keep nothing)",
     )
     parser.add_argument(
         "--rerun",

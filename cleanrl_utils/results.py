@@ -26,6 +26,7 @@ import os
 import platform
 import shutil
 import sys
+import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,7 +99,10 @@ def unpacked_for_reading(archive: Path) -> Path:
     if archive not in _unpacked:
         folder = Path(tempfile.mkdtemp(prefix="cleanrl-unpacked-"))
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        _unpacked[archive] = unpack(archive, folder)
+        try:
+            _unpacked[archive] = unpack(archive, folder)
+        except (tarfile.TarError, OSError, EOFError) as error:  # cut short, damaged, or not a packed run
+            raise RunError(f"{archive}: not a packed run ({str(error).splitlines()[0].rstrip(':')})") from None
     return _unpacked[archive]
 
 

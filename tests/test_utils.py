@@ -479,3 +479,12 @@ def test_evaluate_imports_a_script_with_postponed_annotations(tmp_path):
     )
     module = load_script({"script": "postponed", "script_path": str(script)})
     assert module.evaluate(None, 1, "cpu") == [3.0]
+
+
+def test_a_damaged_packed_run_is_refused_in_one_line(tmp_path, capsys):
+    damaged = tmp_path / "CartPole-v1__ppo__1__1700000000.tar.xz"
+    damaged.write_bytes(b"cut short")
+    with pytest.raises(SystemExit) as exit_info:
+        results.main([str(damaged), "--output", str(tmp_path / "table")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1 and "not a packed run" in lines[0], lines
