@@ -378,32 +378,3 @@ def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < 10_000_000
     assert checkpoint["replay_buffer"]["size"] == min(checkpoint["global_step"], 500)
-
-
-# --- learning --------------------------------------------------------------------------------
-
-
-def test_learns_cartpole_clearly_better_than_random(workdir):
-    # A uniformly random policy averages ~22 on CartPole-v1. With these settings seeds 1-5 reached
-    # 208-349 over their last 20 episodes (~20 s on 2 CPU cores).
-    result = run_script(
-        "dqn.py",
-        "--total-timesteps",
-        "12000",
-        "--learning-starts",
-        "1000",
-        "--train-frequency",
-        "2",
-        "--learning-rate",
-        "1e-3",
-        "--target-network-frequency",
-        "100",
-        "--batch-size",
-        "64",
-        "--exploration-fraction",
-        "0.25",
-        cwd=workdir,
-    )
-    assert result.returncode == 0, result.stderr
-    returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
-    assert np.mean(returns[-20:]) > 100, returns[-20:]

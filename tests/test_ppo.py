@@ -399,11 +399,3 @@ def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
     out, run_dir = sigterm_while_training("ppo.py", [*TINY, "--total-timesteps", "10000000"], workdir)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert 0 < checkpoint["global_step"] < 10_000_000
-
-
-def test_learns_cartpole_clearly_better_than_random(workdir):
-    # A uniformly random policy averages ~22 on CartPole-v1.
-    result = run_script("ppo.py", "--total-timesteps", "40960", cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
-    assert np.mean(returns[-20:]) > 100, returns[-20:]

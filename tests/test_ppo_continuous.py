@@ -607,28 +607,3 @@ def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
     assert 0 < checkpoint["global_step"] < 10_000_000
     assert checkpoint["obs_rms"]["_extra_state"]["count"] == pytest.approx(checkpoint["global_step"] + 2 + 1e-4)
     assert math.isfinite(checkpoint["reward_scaler"]["return_rms.var"].item())
-
-
-# --- learning ------------------------------------------------------------------------------------
-
-
-def test_learns_inverted_pendulum_clearly_better_than_random(workdir):
-    # Pendulum-v1 takes PPO far longer than a test may; InvertedPendulum-v5 shows learning in 4k
-    # steps. The first episodes (a random policy) last ~7 steps; the last 20 of seeds 1-3 averaged
-    # 104-122 when this test was written.
-    result = run_script(
-        SCRIPT,
-        "--env-id",
-        "InvertedPendulum-v5",
-        "--num-steps",
-        "256",
-        "--num-minibatches",
-        "4",
-        "--total-timesteps",
-        "4096",
-        cwd=workdir,
-    )
-    assert result.returncode == 0, result.stderr
-    returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
-    assert np.mean(returns[:20]) < 15, returns[:20]
-    assert np.mean(returns[-20:]) > 40, returns[-20:]

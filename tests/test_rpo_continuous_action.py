@@ -293,17 +293,3 @@ def test_negative_alpha_exits_2_before_any_work(tmp_path):
     result = run_script(SCRIPT, "--env-id", "Pendulum-v1", "--rpo-alpha", "-1", cwd=tmp_path)
     assert result.returncode == 2
     assert_bad_input(result, tmp_path, "--rpo-alpha must be a finite number >= 0")
-
-
-# --- learning --------------------------------------------------------------------------------------------------------
-
-
-def test_learns_inverted_pendulum_clearly_better_than_random(tmp_path):
-    # As ppo_continuous_action's test, at CleanRL's alpha 0.5 (which CleanRL found as good as PPO on InvertedPendulum).
-    # The first episodes (a random policy) last ~7 steps; the last 20 of seeds 1-3 averaged 63-132 when written.
-    flags = ["--env-id", "InvertedPendulum-v5", "--num-steps", "256", "--num-minibatches", "4"]
-    result = run_script(SCRIPT, *flags, "--total-timesteps", "4096", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    returns = [value for _, value in read_scalars(run_dirs(tmp_path)[0])["charts/episodic_return"]]
-    assert np.mean(returns[:20]) < 15, returns[:20]
-    assert np.mean(returns[-20:]) > 40, returns[-20:]

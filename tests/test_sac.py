@@ -663,29 +663,3 @@ def test_sigterm_writes_checkpoint_and_exits_zero(workdir):
     assert checkpoint["replay_buffer"]["size"] == min(checkpoint["global_step"], 1000)
     for key in ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "log_alpha", "envs", "rng"):
         assert checkpoint[key] is not None, key
-
-
-# --- learning ------------------------------------------------------------------------------------
-
-
-def test_learns_pendulum_clearly_better_than_random(workdir):
-    # A uniformly random policy averages about -1200 on Pendulum-v1. At the standard
-    # hyperparameters, the last 5 of 22 episodes average -239 (seed 1; -237 before issue 11) and -180 (seed 2).
-    # One torch thread: the numbers above were measured so (thread counts change float rounding).
-    result = run_script(
-        SCRIPT,
-        "--env-id",
-        "Pendulum-v1",
-        "--total-timesteps",
-        "4400",
-        "--learning-starts",
-        "1000",
-        "--torch-threads",
-        "1",
-        cwd=workdir,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stderr
-    returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
-    assert len(returns) == 22
-    assert np.mean(returns[-5:]) > -600, returns

@@ -702,30 +702,3 @@ def test_sigterm_writes_checkpoint_and_exits_zero(tmp_path):
         other,
         "written by td3_continuous_action.py, not ddpg_continuous_action.py",
     )
-
-
-# --- learning ----------------------------------------------------------------------------------
-
-
-def test_td3_learns_pendulum_clearly_better_than_random(workdir):
-    # A uniformly random policy averages about -1200 on Pendulum-v1 (200-step episodes). With
-    # these settings seeds 1 and 2 both end near -150 (-260 already at 7000 steps).
-    # One torch thread: the numbers above were measured so (thread counts change float rounding).
-    result = run_script(
-        SCRIPTS["td3"],
-        "--env-id",
-        "Pendulum-v1",
-        "--total-timesteps",
-        "8000",
-        "--learning-starts",
-        "1000",
-        "--torch-threads",
-        "1",
-        cwd=workdir,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stderr
-    returns = [v for _, v in episodic_returns(run_dirs(workdir)[0])]
-    assert len(returns) == 40
-    assert np.mean(returns[:5]) < -900, returns[:5]  # random play first
-    assert np.mean(returns[-5:]) > -600, returns[-5:]
