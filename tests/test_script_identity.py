@@ -19,6 +19,9 @@ PPO_TINY = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "-
 OFF_POLICY_TINY = ["--buffer-size", "500", "--batch-size", "16", "--learning-starts", "100"]
 PIXEL_REPLAY_TINY = ["--buffer-size", "500", "--batch-size", "8", "--learning-starts", "100", "--num-envs", "2"]
 
+# cleanrl_utils.evaluate (a subprocess of its own) runs on the models of one script per family.
+ONE_PER_FAMILY = ["ppo.py", "dqn_atari.py", "sac_continuous_action.py", "mappo.py"]
+
 # Tiny runs of every script: (flags, total timesteps, --checkpoint-every for a checkpoint before the end).
 RUNS = {
     "ppo.py": (["--env-id", "CartPole-v1", *PPO_TINY], 192, 100),
@@ -219,8 +222,11 @@ def test_copied_script_saves_evaluates_and_resumes_its_own_files(name, tmp_path,
         )
     )
     assert "model saved to" in resumed.stdout
+    # The copy's evaluate() reloaded the model it saved (load_model refuses a model saved by another script) ...
+    assert "evaluation over 1 episodes" in resumed.stdout, resumed.stdout[-3000:]
     assert only_run_dir(tmp_path) == run_dir  # the resumed run continued the same directory
-    assert f"my_{Path(name).stem}.py on" in ok(evaluate(run_dir, cwd=tmp_path)).stdout
+    if name in ONE_PER_FAMILY:  # ... and cleanrl_utils.evaluate, shared by all scripts, finds the copy's file
+        assert f"my_{Path(name).stem}.py on" in ok(evaluate(run_dir, cwd=tmp_path)).stdout
 
     # The original script refuses the copy's checkpoint and its model, in one line naming the copy.
     (tmp_path / "other").mkdir()
@@ -230,7 +236,7 @@ def test_copied_script_saves_evaluates_and_resumes_its_own_files(name, tmp_path,
 
 # The run folder, the model's file name and the algorithm recorded in it come from cleanrl_utils/run.py, shared by all
 # scripts (each script's own save/evaluate path is run above, under a copy's name): one script per family suffices.
-@pytest.mark.parametrize("name", ["ppo.py", "dqn_atari.py", "sac_continuous_action.py", "mappo.py"])
+@pytest.mark.parametrize("name", ONE_PER_FAMILY)
 def test_any_exp_name_saves_and_evaluates(name, tmp_path, request):
     flags, _, _ = tiny_flags(name, request)
     ok(run(ROOT / "cleanrl" / name, *flags, "--exp-name", "other", "--save-model", cwd=tmp_path))
