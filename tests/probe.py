@@ -6,9 +6,10 @@
     trace.backward[0]["obs_b"]   # what `obs_b` held when the first loss's backward() was called
     trace.final["rb"]            # the replay buffer as the run left it
 
-The script runs unchanged, as `python cleanrl/<script> <flags>` would run it, in a subprocess of its own (this file is
-that subprocess's driver: `python tests/probe.py SPEC`; with `nproc`, torchrun starts that many of them, the ranks of
-one distributed run, each observed and saved on its own). Two observers are installed before it starts:
+The script runs unchanged, as `python cleanrl/<script> <flags>` would run it, in a process of its own (this file is
+that process's driver: `python tests/probe.py SPEC`, forked from the test worker's zygote, see tests/conftest.py;
+with `nproc`, torchrun starts that many of them, the ranks of one distributed run, each observed and saved on its
+own). Two observers are installed before it starts:
 
 - `watch`: a line tracer on the script's frames (the module-level main block, and functions named in `functions`)
   copies the watched names every time the step counter (`step_name`, by default `global_step`) takes a new value:
@@ -73,7 +74,7 @@ def probe_script(
     `nproc` > 0: run it under torchrun (--standalone) as that many ranks, each observed alike; the Trace returned is
     rank 0's, and its `ranks` holds every rank's."""
     import torch
-    from conftest import script_env
+    from conftest import run_python, script_env
 
     with tempfile.TemporaryDirectory() as scratch:
         spec = dict(
@@ -90,15 +91,18 @@ def probe_script(
         )
         spec_path = Path(scratch) / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-        result = subprocess.run(
-            [*(launcher if nproc else [sys.executable]), str(Path(__file__).resolve()), str(spec_path)],
-            cwd=cwd,
-            env=env or script_env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        if nproc:
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+            result = subprocess.run(
+                [*launcher, str(Path(__file__).resolve()), str(spec_path)],
+                cwd=cwd,
+                env=env or script_env(),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        else:
+            result = run_python(Path(__file__).resolve(), str(spec_path), cwd=cwd, env=env, timeout=timeout)
         if check:
             assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
         outputs = [f"{spec['output']}.{rank}" for rank in range(nproc)] if nproc else [spec["output"]]

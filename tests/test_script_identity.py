@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, assert_bad_input, script_env
+from conftest import ROOT, assert_bad_input, run_python, script_env
 
 MULTIAGENT_REPLAY = ["--buffer-size", "500", "--batch-size", "16", "--learning-starts", "40", "--num-envs", "4"]
 VMAS_SHORT = ["--env-id", "vmas/navigation", "--max-episode-steps", "10"]
@@ -140,14 +140,7 @@ def test_every_script_is_covered():
 
 
 def run(script: Path, *flags: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(script), *flags],
-        cwd=cwd,
-        env=script_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_python(script, *flags, cwd=cwd, timeout=timeout)
 
 
 def evaluate(path: Path, cwd: Path) -> subprocess.CompletedProcess:
