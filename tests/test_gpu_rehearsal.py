@@ -2,11 +2,11 @@
 has (benchmark/gpu/h200_packages.txt; torch 2.11 as the node's), the kit's headline calls made as the device tool
 makes them (the repository's travelling files copied over a node folder that starts bare, the call's folder carried
 beside them, ignored files kept from one call to the next as on a warm node), `bash benchmark/gpu/call.sh N` run
-there with no uv, no package index and no project venv, and the headline item (ppo_isaacgym.py on MuJoCo Warp, with
-compile_table and elegant, which the same call runs) at tiny size, each checked as tests/test_gpu_kit.py checks the
-other items. It fails if a wheel or package is missing, if a call with the tree beside it is over the 64 MiB a call
-carries, or if a call needs a file that only a cold node's earlier life had left (the node starts bare, and nothing
-but the calls writes to it).
+there with no uv, no package index and no project venv, and the headline item (ppo_isaacgym.py on MuJoCo Warp, and
+whatever else the same call runs) at tiny size, each checked as tests/test_gpu_kit.py checks the other items. It fails
+if a wheel or package is missing, if a call with the tree beside it is over the 64 MiB a call carries, or if a call
+needs a file that only a cold node's earlier life had left (the node starts bare, and nothing but the calls writes to
+it).
 
 The kit here is packed at xz level 1 (quick; more calls than the real kit's 9e) and warp-clang.so, which the kit
 leaves out because GPU kernels never need it, is put back into the site folder: this CPU compiles Warp's kernels
@@ -21,7 +21,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from test_gpu_kit import HEADLINE_ITEMS, RUN_ALL_ITEMS
+from test_gpu_kit import HEADLINE_ITEM, RUN_ALL_ITEMS
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "benchmark" / "gpu"
@@ -134,7 +134,7 @@ def test_the_headline_calls_run_back_to_back_on_a_bare_node_with_only_its_packag
         tar.extractall(tmp_path / "returned", filter="data")
     assert any(name.startswith("runs/Ant__ppo_isaacgym_gpu__1__") for name in names), names
     summary = (result_dir / "gpu_run_all.md").read_text()
-    assert sorted(call["items"]) == sorted(HEADLINE_ITEMS)  # test_gpu_kit runs the other items
+    assert HEADLINE_ITEM in call["items"]  # test_gpu_kit runs the other items
     for item in call["items"]:
         assert f"| {item} | ok |" in summary, summary
         RUN_ALL_ITEMS[item](tmp_path / "returned" / "benchmark" / "results")
