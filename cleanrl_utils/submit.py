@@ -1,29 +1,18 @@
-"""Run a benchmark grid as AWS Batch jobs: one job per environment x seed, the runs synced through S3.
+"""Run a benchmark grid as AWS Batch jobs, one per environment x seed, the runs synced through S3.
 
-    python -m cleanrl_utils.submit --env-ids Hopper-v5 Walker2d-v5 \\
-        --command "python cleanrl/sac_continuous_action.py --total-timesteps 1000000 --checkpoint-every 50000" \\
-        --num-seeds 3 --image 123456789012.dkr.ecr.us-east-1.amazonaws.com/cleanrl:latest \\
-        --job-queue JOB_QUEUE --bucket BUCKET --job-role JOB_ROLE --prefix sac-mujoco --vcpus 4 --memory 15000 --gpus 1
+    python -m cleanrl_utils.submit --env-ids Hopper-v5 Walker2d-v5 --num-seeds 3 \
+        --command "python cleanrl/sac_continuous_action.py --checkpoint-every 50000" --image IMAGE \
+        --job-queue JOB_QUEUE --bucket BUCKET --job-role JOB_ROLE --prefix sac-mujoco --gpus 1
+    python -m cleanrl_utils.submit fetch --bucket BUCKET --prefix sac-mujoco      # every job's runs into runs/
 
-registers a job definition for the image (the repository's Dockerfile builds it) and submits one job per command
-cleanrl_utils.benchmark would run: --command followed by `--env-id ENV --seed SEED`. Each job runs, in the container,
-
-    python -m cleanrl_utils.submit job --bucket my-runs --prefix sac-mujoco/Hopper-v5__1 \\
-        --env-id Hopper-v5 --seed 1 -- python cleanrl/sac_continuous_action.py ...
-
-which downloads what its S3 folder holds into runs/, runs the command through the benchmark runner and uploads runs/
-back. An attempt that follows a preemption (a spot instance reclaimed: retried up to --attempts times) therefore
-continues from the run's last checkpoint (--checkpoint-every in the command); Batch's SIGTERM stops the run with a
-checkpoint, which is uploaded before the job exits. With --track in the command, WANDB_API_KEY is passed on from this
-machine's environment. A list of the jobs is written to s3://BUCKET/PREFIX/jobs.json. benchmark/cloud/batch.yaml
-(CloudFormation) makes a queue of spot GPU instances, the bucket and the jobs' role: its outputs are JOB_QUEUE, BUCKET
-and JOB_ROLE above.
-
-    python -m cleanrl_utils.submit fetch --bucket my-runs --prefix sac-mujoco
-
-downloads every job's runs into runs/ (--runs-dir), where cleanrl_utils.results and cleanrl_utils.plot read them.
-AWS credentials and region come from boto3's usual places (environment, ~/.aws, an instance role); --region
-overrides the region. Bad arguments stop in one line before anything is registered or submitted.
+Registers a job definition for the image (the repository's Dockerfile) and submits the commands the benchmark runner
+would run (--command + `--env-id ENV --seed SEED`), listed in s3://BUCKET/PREFIX/jobs.json. Each job runs
+`python -m cleanrl_utils.submit job ... -- COMMAND` in the container: its S3 folder restored into runs/, the command
+run through the benchmark runner, runs/ uploaded back, also after Batch's SIGTERM (the run writes its checkpoint
+first). A retry after a reclaimed spot host therefore continues the run from its last checkpoint. With --track in the
+command, WANDB_API_KEY is passed on. benchmark/cloud/batch.yaml (CloudFormation) makes the queue, the bucket and the
+jobs' role. AWS credentials and region come from boto3's usual places; bad arguments stop in one line before any
+AWS call.
 """
 
 from __future__ import annotations
