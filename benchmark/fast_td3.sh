@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="uv run --extra mujoco python"
-FAST="--simulator gymnasium --num-envs 16 --batch-size 256 --buffer-size 20000 --learning-starts 5000 --v-min -100 --v-max 400 --torch-threads 1"
+FAST="--simulator gymnasium --num-envs 16 --batch-size 256 --buffer-size 20000 --learning-starts 5000 --v-min -100 --v-max 400 --torch-threads 1 --log-every 100"
 bench() {  # one part's 3 seeds; the table part tabulates them all together
     $PY -m cleanrl_utils.benchmark --env-ids Hopper-v5 --command "$1" --num-seeds 3 --workers "${WORKERS:-1}" \
         --archive benchmark/runs

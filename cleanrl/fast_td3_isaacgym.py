@@ -136,8 +136,9 @@ class Args:
     """if toggled, run the networks in bf16 autocast (the authors' GPU setting; parameters and storage stay float32)"""
     compile: bool = False
     """if toggled, compile the updates and the policy step with torch.compile (meant for GPUs)"""
-    log_every: int = 100
-    """read losses and episode statistics back to the host every this many steps of all environments"""
+    log_every: int = 102400
+    """read losses and episode statistics back to the host every this many steps of all environments (a host sync:
+    the default is every 100 steps of the default 1024 environments)"""
     time_limit_seconds: float = 0.0
     """stop training after this many seconds of wall-clock time (0: no limit); for comparisons at equal wall time"""
     eval_episodes: int = 10
@@ -162,7 +163,8 @@ def make_envs(simulator: str, env_id: str, num_envs: int, device: torch.device, 
 
 
 def replay_nbytes(args: Args, obs_dim: int, act_dim: int) -> int:
-    """Bytes of the replay buffer: observations and true next observations, actions, rewards and two flags, float32."""
+    """Bytes of the replay buffer: observations and true next observations, actions, rewards (float32) and two bool
+    flags (counted as 4 bytes each: a bound from above)."""
     return args.num_envs * args.buffer_size * (2 * obs_dim + act_dim + 3) * 4
 
 
@@ -223,7 +225,7 @@ def validate(args: Args) -> str:
 
 class ObservationNormalizer(nn.Module):
     """Running mean and variance of the observations acted on (float64, merged batch by batch with the parallel-variance
-    formula); normalise as (x - mean) / (std + 0.01), the authors' EmpiricalNormalization. No host sync."""
+    formula); normalise as (x - mean) / (std + 0.01), the authors' EmpiricalNormalization (variance floored at 1e-4)."""
 
     def __init__(self, obs_dim: int):
         super().__init__()

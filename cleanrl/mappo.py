@@ -5,7 +5,9 @@ Yu et al. 2022, "The Surprising Effectiveness of PPO in Cooperative Multi-Agent 
 one-hot id; the centralised critic sees the global state (every agent's observation, `global_state`).
 `--independent`: the critic sees only the agent's own observation, IPPO (de Witt et al. 2020,
 https://arxiv.org/abs/2011.09533). Kept from MAPPO: value normalisation (ValueNorm), GAE per agent,
-clipped surrogate and value loss, entropy bonus, gradient clipping, learning-rate annealing.
+clipped surrogate and value loss, entropy bonus, gradient clipping, learning-rate annealing. Where ours differs
+from MAPPO's code: ValueNorm is updated once per rollout (MAPPO: with every minibatch's returns), the value loss is
+squared (MAPPO's default: Huber) and advantages are normalised per minibatch (CleanRL's; MAPPO: over the rollout).
 
 Actions: continuous (default; a Gaussian policy, the sample clipped to the bounds for the simulator) or
 discrete (`--no-continuous-actions`), one action space for all agents. Environments: VMAS scenarios

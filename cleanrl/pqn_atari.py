@@ -2,9 +2,9 @@
 
 Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning" (https://arxiv.org/abs/2407.04811): Q-learning
 without a replay buffer or a target network. 128 vectorised games collect 32-step rollouts epsilon-greedily; LayerNorm
-after every layer of the Q-network keeps bootstrapping from its own moving Q-values stable; the targets are Q(lambda)
-returns computed backwards over the rollout, fitted over 2 epochs of 32 minibatches (the autoreset step after each
-game's end is no transition: masked out). Learning sees rewards clipped to their sign and a lost life as a
+after every hidden layer of the Q-network keeps bootstrapping from its own moving Q-values stable; the targets are
+Q(lambda) returns computed backwards over the rollout, fitted over 2 epochs of 32 minibatches (the autoreset step after
+each game's end is no transition: masked out). Learning sees rewards clipped to their sign and a lost life as a
 termination; charts/episodic_return is the whole game's raw score. The paper's Atari settings (purejaxql's
 pqn_atari.yaml) with CleanRL's pqn_atari_envpool network, initialisation, loss (the mean squared error, so
 --max-grad-norm clips the same gradient), RAdam and annealed learning rate.

@@ -2,7 +2,7 @@
 
 Hessel et al. 2018, "Rainbow: Combining Improvements in Deep Reinforcement Learning" (https://arxiv.org/abs/1710.02298):
 DQN with double Q-learning (the online network picks the next action, the target network values it), prioritized
-replay (Schaul et al. 2016: a sum tree on the training device, alpha 0.5, beta 0.4 -> 1), dueling value/advantage
+replay (Schaul et al. 2016: a sum tree beside the replay's storage, alpha 0.5, beta 0.4 -> 1), dueling value/advantage
 streams (Wang et al. 2016), 3-step returns, a distributional C51 head (Bellemare et al. 2017: 51 atoms on [-10, 10],
 cross-entropy loss, priorities = that cross-entropy) and factorised Gaussian noisy layers (Fortunato et al. 2018)
 that explore in place of epsilon-greedy. Learning sees rewards clipped to their sign and a lost life ending the

@@ -4,7 +4,7 @@ Haarnoja et al. 2018 (https://arxiv.org/abs/1801.01290, https://arxiv.org/abs/18
 Q-networks with Polyak-averaged targets, a tanh-squashed Gaussian policy that maximises min(Q1, Q2)
 plus entropy, and an entropy coefficient alpha tuned towards a target entropy of -|A|. As in CleanRL
 the policy takes `policy_frequency` steps every `policy_frequency` critic steps; the alpha loss
-reuses the policy step's log-probabilities (as SB3 and Spinning Up do).
+reuses the policy step's log-probabilities (as SB3 does).
 
 Action space: a bounded 1-D Box. Observations: a Box or a Dict of Boxes (flattened). Environments:
 vectorised gymnasium: MuJoCo (Hopper-v5 ...), dm_control via shimmy, Pendulum-v1. One gradient step
