@@ -117,9 +117,10 @@ class Browser:
         self.events.clear()
 
     def page(self, url: str) -> dict:
-        self.events.clear()
-        self.call("Page.navigate", url=url)
-        self.wait_for("Page.loadEventFired")
+        for address in ("about:blank", url):  # via a blank page: a URL that differs only by its #anchor loads nothing
+            self.events.clear()
+            self.call("Page.navigate", url=address)
+            self.wait_for("Page.loadEventFired")
         result = self.call("Runtime.evaluate", expression=PAGE_FACTS, awaitPromise=True, returnByValue=True)
         return result["result"]["value"]
 

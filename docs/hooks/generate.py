@@ -108,6 +108,8 @@ def site_path(repo_path: str, anchor: str, anchors: dict[str, str]) -> str | Non
         return f"scripts/{Path(repo_path).stem}.md{suffix}"
     if repo_path.startswith("benchmark/results/") and (REPO / repo_path).is_file():
         return repo_path.removeprefix("benchmark/") + suffix
+    if repo_path.startswith("docs/") and (REPO / repo_path).is_file() and not repo_path.startswith("docs/hooks/"):
+        return repo_path.removeprefix("docs/") + suffix
     if repo_path == "benchmark/gpu/README.md":
         return "gpu.md" + suffix
     return None
