@@ -94,7 +94,7 @@ class Args:
     """if toggled, also replay them as CUDA graphs (torch.compile's mode "reduce-overhead"; implies --compile; CUDA)"""
 
 
-# Losses, epsilon and SPS are read back from the device and logged every this many steps.
+# Losses are read back from the device, and they, epsilon and SPS logged, every this many steps.
 LOG_EVERY = 100
 
 

@@ -200,20 +200,21 @@ class Agent(nn.Module):
 
 @ray.remote(num_cpus=1)
 class Actor:
-    """One actor process: `local_num_envs` games (seeds seed + index x local_num_envs + i, none shared) and a CPU
-    copy of the policy. Each `rollout` call first loads the newest weights it is given, then plays `num_steps` steps
+    """One actor process: `local_num_envs` games (seeds first_seed + index x local_num_envs + i, none shared) and a
+    CPU copy of the policy; first_seed is --seed plus the step the run starts at (a resumed run plays new games).
+    Each `rollout` call first loads the newest weights it is given, then plays `num_steps` steps
     with them. Its games carry on from one rollout to the next."""
 
-    def __init__(self, index: int, args: Args, video_dir: str | None):
+    def __init__(self, index: int, args: Args, video_dir: str | None, first_seed: int):
         torch.set_num_threads(args.torch_threads)
-        torch.manual_seed(args.seed + 1 + index)  # each actor samples its own actions
+        torch.manual_seed(first_seed + 1 + index)  # each actor samples its own actions
         self.args = args
         self.envs = make_envs(args.env_id, args.local_num_envs, video_dir is not None, video_dir, num_threads=1)
         space = self.envs.single_observation_space
         self.agent = Agent(space.shape, int(self.envs.single_action_space.n), float(space.high.max()))
         self.version = -1  # no weights loaded yet
         # One int seeds the envs with consecutive values (ale-py's vector env takes no list): disjoint across actors
-        self.obs, _ = self.envs.reset(seed=args.seed + index * args.local_num_envs)
+        self.obs, _ = self.envs.reset(seed=first_seed + index * args.local_num_envs)
         self.resets = np.zeros(args.local_num_envs, dtype=bool)  # envs whose next step is an autoreset
 
     def rollout(self, version: int, weights: dict) -> dict:
@@ -380,7 +381,8 @@ if __name__ == "__main__":
         return ray.put({name: tensor.cpu() for name, tensor in agent.state_dict().items()})
 
     video_dir = str(run.dir / "videos") if args.capture_video else None
-    actors = [Actor.remote(i, args, video_dir if i == 0 else None) for i in range(args.num_actors)]
+    first_seed = args.seed + run.start_step
+    actors = [Actor.remote(i, args, video_dir if i == 0 else None, first_seed) for i in range(args.num_actors)]
     weights = publish()
     in_flight = {actor.rollout.remote(update, weights): actor for actor in actors}  # one rollout per actor
     ray.wait(list(in_flight), num_returns=len(in_flight))  # every actor is up: SPS does not count their start

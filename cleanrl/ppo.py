@@ -82,7 +82,7 @@ class Args:
     clip_coef: float = 0.2
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
-    """toggles whether or not to use a clipped loss for the value function, as per the paper"""
+    """toggles whether or not to use a clipped loss for the value function (OpenAI baselines' code; not in the paper)"""
     ent_coef: float = 0.01
     """coefficient of the entropy"""
     vf_coef: float = 0.5

@@ -5,8 +5,9 @@ target network and a predictor trained to match it on the newest frame; the pred
 The policy has two value heads: extrinsic (sign-clipped game rewards, discount 0.999, a lost life ends the episode)
 and intrinsic (discount 0.99, non-episodic: never cut, not at a lost life nor at a game's end). Intrinsic rewards are
 divided by a running std of their discounted sum; the predictor sees frames normalised by running statistics
-(initialised from random play, clipped to [-5, 5]) and trains on a random 25% of each minibatch. The normalisers are
-part of the model: saved, restored on resume, used by evaluation. CleanRL's settings for MontezumaRevenge-v5.
+(initialised from random play, clipped to [-5, 5]) and trains on a random 25% of each minibatch. The observation
+normaliser is part of the model (saved, used by evaluation); both are restored on resume. CleanRL's settings for
+MontezumaRevenge-v5.
 
 Action space: Discrete. Environments: Atari through envpool (MontezumaRevenge-v5 ..., sticky actions 0.25 here), see
 cleanrl_utils/envs/envpool_atari.py; the step after a game ends is envpool's autoreset (action ignored) and is dropped
