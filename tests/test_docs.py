@@ -93,6 +93,13 @@ def test_generated_tables_come_from_the_code_and_the_readme():
         generate.section_pages(),
     )
     assert links == "[a](ppo.md) [b](../results/ppo.md) [c](../scaling.md#scaling-out) d [e](https://x.org)"
+    results = ROOT / "benchmark/results"
+    ppo = generate.with_curves("", results / "ppo.md")
+    assert "](ppo.png)" in ppo and "ppo_atari" not in ppo  # ppo_atari.png belongs to ppo_atari.md
+    d3qn = generate.with_curves("", results / "d3qn.md")
+    assert "](d3qn_CartPole-v1.png)" in d3qn and "](d3qn_Acrobot-v1.png)" in d3qn
+    shown = "![curves](qrdqn_atari.png)"
+    assert generate.with_curves(shown, results / "qrdqn_atari.md") == shown  # already shown: not twice
 
 
 @pytest.mark.skipif(chromium_path() is None, reason="needs Debian's chromium package (.ci/run installs it)")

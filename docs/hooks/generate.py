@@ -250,13 +250,25 @@ def resume_section(stem: str, environments: str) -> str:
     )
 
 
+def with_curves(text: str, results_file: Path) -> str:
+    """A results file with its curves: the images beside it that belong to it (named after it: `dqn.png`,
+    `d3qn_CartPole-v1.png`; each to the results file with the longest such name) and that it does not show yet."""
+    tables = {p.stem for p in results_file.parent.glob("*.md")}
+    missing = []
+    for image in sorted(results_file.parent.glob("*.png")):
+        owners = [t for t in tables if image.stem == t or image.stem.startswith(t + "_")]
+        if owners and max(owners, key=len) == results_file.stem and f"]({image.name})" not in text:
+            missing.append(f"![{image.stem}]({image.name})")
+    return text.rstrip() + "\n\n" + "\n\n".join(missing) + "\n" if missing else text
+
+
 def results_section(stem: str, row: dict[str, str], anchors: dict[str, str]) -> str:
     """Every results file the README links for this script, whole (tables, curves, how they were made)."""
     page = f"scripts/{stem}.md"
     files = dict.fromkeys(re.findall(r"\]\((benchmark/results/[^)#\s]+\.md)\)", row.get("results", "")))
     parts = [rewrite_links(row.get("results", "—"), "README.md", page, anchors)]
     for name in files:
-        text = (REPO / name).read_text()
+        text = with_curves((REPO / name).read_text(), REPO / name)
         title = Path(name).relative_to("benchmark/results").as_posix()
         body = rewrite_links(demote(text, 2), name, page, anchors)
         parts.append(f"### [{title}](../results/{title})\n\n{body}")
@@ -343,7 +355,7 @@ def generated_pages() -> dict[str, str]:
     for name in sorted(RESULTS.rglob("*.md")):
         repo_path = name.relative_to(REPO).as_posix()
         site = repo_path.removeprefix("benchmark/")
-        pages[site] = rewrite_links(name.read_text(), repo_path, site, anchors)
+        pages[site] = rewrite_links(with_curves(name.read_text(), name), repo_path, site, anchors)
     pages["results/index.md"] = results_index()
     gpu = (REPO / "benchmark/gpu/README.md").read_text()
     pages["gpu.md"] = rewrite_links(gpu, "benchmark/gpu/README.md", "gpu.md", anchors)
