@@ -92,6 +92,8 @@ class Args:
     """the frequency of training (one gradient step every this many timesteps)"""
     eval_episodes: int = 10
     """the number of games to evaluate the saved model for"""
+    amp: bool = False
+    """if toggled, run the networks in bf16 autocast (parameters and storage stay float32)"""
 
 
 # Losses, epsilon and SPS are read back from the device and logged every this many steps.
@@ -150,7 +152,8 @@ def stack_of(obs_shape: tuple) -> int:
 
 class QNetwork(nn.Module):
     """The Nature CNN on 84x84 frames (Mnih et al. 2015); on MinAtar's 10x10 grids the MinAtar paper's network (Young
-    & Tian 2019): one 3x3 convolution of 16 channels, then 128 units. Takes uint8 observations."""
+    & Tian 2019): one 3x3 convolution of 16 channels, then 128 units. Takes uint8 observations. The Q-values are cast
+    to float32 (a no-op without --amp): under bf16 autocast the targets and the loss are then float32 all the same."""
 
     def __init__(self, obs_shape: tuple, n_actions: int, obs_high: float):
         super().__init__()
@@ -180,7 +183,7 @@ class QNetwork(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.network(x.float() * self.scale)
+        return self.network(x.float() * self.scale).float()
 
 
 class FrameReplayBuffer:
@@ -326,6 +329,9 @@ if __name__ == "__main__":
     fits_on_device = available_memory(device) > 1.25 * replay_nbytes(args, obs_shape)
     storage = device if fits_on_device else torch.device("cpu")
     rb = FrameReplayBuffer(args.buffer_size, args.num_envs, obs_shape, stack_of(obs_shape), storage)
+    # --amp: the networks' forward passes in bf16 autocast, which needs no loss scaling (its exponent range is
+    # float32's); parameters, optimiser state and the replay buffer stay float32 (frames uint8).
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
 
     global_step = 0
     obs_np, _ = envs.reset(seed=args.seed)
@@ -362,7 +368,8 @@ if __name__ == "__main__":
         epsilon = linear_schedule(
             args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
         )
-        actions = select_actions(q_network, obs, epsilon, n_actions)
+        with autocast:
+            actions = select_actions(q_network, obs, epsilon, n_actions)
         obs_np, rewards, terminations, truncations, infos = envs.step(actions)
         previous_step, global_step = global_step, global_step + args.num_envs
         # Learning sees rewards clipped to their sign, and a lost life ends its episode (the DQN paper's choices).
@@ -377,10 +384,11 @@ if __name__ == "__main__":
                 obs_b, next_obs_b, actions_b, rewards_b, terminations_b = (
                     t.to(device) for t in rb.sample(args.batch_size)
                 )
-                with torch.no_grad():
+                with torch.no_grad(), autocast:
                     target_max = target_network(next_obs_b).amax(dim=1)
                     target = td_target(rewards_b, target_max, terminations_b, args.gamma)
-                q_values = q_network(obs_b).gather(1, actions_b.unsqueeze(1)).squeeze(1)
+                with autocast:
+                    q_values = q_network(obs_b).gather(1, actions_b.unsqueeze(1)).squeeze(1)
                 loss = F.mse_loss(q_values, target)
                 optimizer.zero_grad()
                 loss.backward()

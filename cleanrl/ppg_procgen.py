@@ -105,6 +105,8 @@ class Args:
     """clip the norm of both networks' gradients together to this (None: no clipping, as in the PPG paper's code)"""
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for"""
+    amp: bool = False
+    """if toggled, run the networks in bf16 autocast (parameters and storage stay float32)"""
 
     # PPG specific arguments
     n_iteration: int = 32
@@ -224,7 +226,8 @@ def pixels(obs: torch.Tensor) -> torch.Tensor:
 
 class PolicyNetwork(nn.Module):
     """The policy on its own IMPALA CNN, with the auxiliary value head that the auxiliary phase trains; takes uint8
-    observations."""
+    observations. The heads' outputs are cast to float32 (a no-op without --amp): under bf16 autocast the log-softmax
+    and the losses are then float32 all the same."""
 
     def __init__(self, obs_shape: tuple, n_actions: int):
         super().__init__()
@@ -233,7 +236,7 @@ class PolicyNetwork(nn.Module):
         self.aux_critic = normed_init(nn.Linear(256, 1), 0.1)
 
     def log_probs(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.actor(self.network(pixels(obs))), dim=-1)
+        return torch.log_softmax(self.actor(self.network(pixels(obs))).float(), dim=-1)
 
     def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A sampled action and its log-probability."""
@@ -250,11 +253,12 @@ class PolicyNetwork(nn.Module):
 
     def log_probs_and_aux_value(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.network(pixels(obs))
-        return torch.log_softmax(self.actor(hidden), dim=-1), self.aux_critic(hidden).squeeze(-1)
+        return torch.log_softmax(self.actor(hidden).float(), dim=-1), self.aux_critic(hidden).float().squeeze(-1)
 
 
 class ValueNetwork(nn.Module):
-    """The value function on an IMPALA CNN of its own; takes uint8 observations."""
+    """The value function on an IMPALA CNN of its own; takes uint8 observations, returns float32 values (cast back
+    under --amp's bf16 autocast)."""
 
     def __init__(self, obs_shape: tuple):
         super().__init__()
@@ -262,13 +266,13 @@ class ValueNetwork(nn.Module):
         self.critic = normed_init(nn.Linear(256, 1), 0.1)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.network(pixels(obs))).squeeze(-1)
+        return self.critic(self.network(pixels(obs))).float().squeeze(-1)
 
 
 class RewardScaler:
-    """gymnasium's NormalizeReward for a batch of envs: rewards divided by the running standard deviation of each env's
-    discounted return, then clipped to [-10, 10]. The autoreset steps (reward 0, not transitions) leave the statistics
-    alone. Its statistics are part of the model."""
+    """gym 0.2x's NormalizeReward (CleanRL's) for a batch of envs: rewards divided by the running standard deviation
+    of each env's discounted return (zeroed after any episode end), then clipped to [-10, 10]. The autoreset steps
+    (reward 0, not transitions) leave the statistics alone. Its statistics are part of the model."""
 
     def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, epsilon: float = 1e-8):
         self.gamma, self.clip, self.epsilon = gamma, clip, epsilon
@@ -369,15 +373,17 @@ def auxiliary_phase(
     beta_clone: float,
     max_grad_norm: float | None,
     n_aux_grad_accum: int = 1,
+    amp: bool = False,
 ) -> dict[str, torch.Tensor]:
     """PPG's auxiliary phase over whole rollouts `obs` [T, R, C, H, W] with value targets `returns` [T, R]; only the
     steps where `valid` is True count. Per minibatch of `num_aux_rollouts` rollouts: the auxiliary value head's squared
     error + beta_clone * KL(policy before the phase || policy now) on the policy network, and the value network's
-    squared error; both networks' gradients clipped together to `max_grad_norm` when it is given. Returns the last
-    minibatch's losses."""
+    squared error; both networks' gradients clipped together to `max_grad_norm` when it is given; `amp`: the forward
+    passes in bf16 autocast. Returns the last minibatch's losses."""
     device = next(policy.parameters()).device
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp)
     num_steps, rollouts = returns.shape
-    with torch.no_grad():  # the policy before the phase, which the KL term holds on to
+    with torch.no_grad(), autocast:  # the policy before the phase, which the KL term holds on to
         old_log_probs = torch.cat(
             [
                 policy.log_probs(obs[:, cols].to(device).flatten(0, 1)).view(num_steps, len(cols), -1)
@@ -393,10 +399,12 @@ def auxiliary_phase(
             mb_obs = obs[:, cols].to(device).flatten(0, 1)[mb_valid]
             mb_returns = returns[:, cols].to(device).flatten(0, 1)[mb_valid]
             mb_old = old_log_probs[:, cols.to(device)].flatten(0, 1)[mb_valid]
-            log_probs, aux_values = policy.log_probs_and_aux_value(mb_obs)
+            with autocast:
+                log_probs, aux_values = policy.log_probs_and_aux_value(mb_obs)
+                values = value_net(mb_obs)
             kl_loss = (mb_old.exp() * (mb_old - log_probs)).sum(-1).mean()
             aux_value_loss = 0.5 * ((aux_values - mb_returns) ** 2).mean()
-            real_value_loss = 0.5 * ((value_net(mb_obs) - mb_returns) ** 2).mean()
+            real_value_loss = 0.5 * ((values - mb_returns) ** 2).mean()
             loss = aux_value_loss + beta_clone * kl_loss + real_value_loss
             (loss / n_aux_grad_accum).backward()
             if (i + 1) % n_aux_grad_accum == 0 or i + 1 == len(minibatches):
@@ -453,6 +461,9 @@ if __name__ == "__main__":
     storage = RolloutStorage(args.num_steps, args.num_envs, obs_shape, device)
     aux_device = device if available_memory(device) > 1.25 * aux_nbytes(args) else torch.device("cpu")
     aux_buffer = AuxBuffer(args.num_steps, args.aux_batch_rollouts, obs_shape, aux_device)
+    # --amp: the networks' forward passes in bf16 autocast, which needs no loss scaling (its exponent range is
+    # float32's); parameters, optimiser state, the rollout, GAE and the auxiliary buffer stay float32.
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
 
     iteration = global_step // args.batch_size
     next_obs_np, _ = envs.reset()
@@ -491,8 +502,9 @@ if __name__ == "__main__":
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 storage.obs[step] = next_obs
-                action, storage.logprobs[step] = policy.act(next_obs)
-                storage.values[step] = value_net(next_obs)
+                with autocast:
+                    action, storage.logprobs[step] = policy.act(next_obs)
+                    storage.values[step] = value_net(next_obs)
                 storage.actions[step] = action
                 next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
                 next_obs = torch.from_numpy(next_obs_np).to(device)
@@ -506,7 +518,9 @@ if __name__ == "__main__":
             # 2. Advantages. Under NEXT_STEP autoreset the observation after an episode's last step is its true final
             # one (the autoreset step acts on it), so values[t + 1] bootstraps a truncation as it should.
             rewards, terminations, truncations, reset_steps = storage.on_device()
-            next_values = torch.cat([storage.values[1:], value_net(next_obs).unsqueeze(0)])
+            with autocast:
+                next_value = value_net(next_obs)
+            next_values = torch.cat([storage.values[1:], next_value.unsqueeze(0)])
             values = storage.values
             advantages = compute_gae(
                 rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
@@ -533,7 +547,8 @@ if __name__ == "__main__":
             for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
                 loss = torch.zeros((), device=device)
                 if epoch < args.e_policy:
-                    newlogprob, entropy = policy.evaluate_actions(b_obs[mb_inds], b_actions[mb_inds])
+                    with autocast:
+                        newlogprob, entropy = policy.evaluate_actions(b_obs[mb_inds], b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
                     with torch.no_grad():
@@ -551,7 +566,8 @@ if __name__ == "__main__":
                     entropy_loss = entropy.mean()
                     loss = loss + pg_loss - args.ent_coef * entropy_loss
                 if epoch < args.v_value:
-                    newvalue = value_net(b_obs[mb_inds])
+                    with autocast:
+                        newvalue = value_net(b_obs[mb_inds])
                     if args.clip_vloss:
                         v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
                         v_delta = torch.clamp(newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef)
@@ -576,6 +592,7 @@ if __name__ == "__main__":
                 policy, value_net, optimizer,
                 aux_buffer.obs[:, held], aux_buffer.returns[:, held], aux_buffer.valid[:, held],
                 args.e_auxiliary, args.num_aux_rollouts, args.beta_clone, args.max_grad_norm, args.n_aux_grad_accum,
+                args.amp,
             )  # fmt: skip
             aux_buffer.size = 0
 

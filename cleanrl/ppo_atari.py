@@ -99,6 +99,8 @@ class Args:
     """if toggled, compile the policy step, GAE and the update with torch.compile (slower to start)"""
     cudagraphs: bool = False
     """if toggled, also capture them in CUDA graphs (torch.compile's reduce-overhead mode; implies --compile; CUDA)"""
+    amp: bool = False
+    """if toggled, run the networks in bf16 autocast (parameters and storage stay float32)"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -143,7 +145,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 class Agent(nn.Module):
     """Actor and critic heads on one torso: the Nature CNN on 84x84 frames (Mnih et al. 2015); on MinAtar's 10x10 grids
     the MinAtar paper's network (Young & Tian 2019): one 3x3 convolution of 16 channels, then 128 units. Takes uint8
-    observations."""
+    observations. The heads' outputs are cast to float32 (a no-op without --amp): under bf16 autocast the log-softmax,
+    the values stored and the losses are then float32 all the same."""
 
     def __init__(self, obs_shape: tuple, n_actions: int, obs_high: float):
         super().__init__()
@@ -178,23 +181,23 @@ class Agent(nn.Module):
         return self.network(obs.float() * self.scale)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.features(obs)).squeeze(-1)
+        return self.critic(self.features(obs)).float().squeeze(-1)
 
     def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A sampled action, its log-probability and the value, from one pass of the torso."""
         hidden = self.features(obs)
-        log_probs = torch.log_softmax(self.actor(hidden), dim=-1)
+        log_probs = torch.log_softmax(self.actor(hidden).float(), dim=-1)
         # Gumbel-max trick: argmax(log_probs + Gumbel noise) is a sample of Categorical(logits).
         action = torch.argmax(log_probs - torch.log(-torch.log(torch.rand_like(log_probs))), dim=-1)
-        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).squeeze(-1)
+        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).float().squeeze(-1)
 
     def evaluate_actions(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Log-probabilities of `actions`, the policy's entropy and the value, from one pass of the torso."""
         hidden = self.features(obs)
-        log_probs = torch.log_softmax(self.actor(hidden), dim=-1)
+        log_probs = torch.log_softmax(self.actor(hidden).float(), dim=-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
         log_prob = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        return log_prob, entropy, self.critic(hidden).squeeze(-1)
+        return log_prob, entropy, self.critic(hidden).float().squeeze(-1)
 
 
 class RolloutStorage:
@@ -261,7 +264,8 @@ def make_optimizer(agent: Agent, args: Args, device: torch.device) -> torch.opti
 def update_minibatch(agent: Agent, optimizer: torch.optim.Optimizer, mb: Batch, args: Args) -> dict[str, torch.Tensor]:
     """One gradient step of the clipped PPO loss on the minibatch `mb`. Returns its losses and statistics, detached.
     --compile compiles this function as it is (two graphs: up to the backward pass, and the clipping and step)."""
-    newlogprob, entropy, newvalue = agent.evaluate_actions(mb.obs, mb.actions)
+    with torch.autocast(mb.obs.device.type, dtype=torch.bfloat16, enabled=args.amp):  # --amp: the forward in bf16
+        newlogprob, entropy, newvalue = agent.evaluate_actions(mb.obs, mb.actions)
     logratio = newlogprob - mb.logprobs
     ratio = logratio.exp()
 
@@ -369,6 +373,9 @@ if __name__ == "__main__":
     if args.compile:
         mode = "reduce-overhead" if args.cudagraphs else None
         policy, gae, update = (torch.compile(fn, mode=mode) for fn in (policy, gae, update))
+    # --amp: the networks' forward passes in bf16 autocast, which needs no loss scaling (its exponent range is
+    # float32's); parameters, optimiser state, the rollout and GAE stay float32.
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
 
     run.begin(training_state)
     while iteration < args.num_iterations:
@@ -386,7 +393,8 @@ if __name__ == "__main__":
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 storage.obs[step] = next_obs
-                action, storage.logprobs[step], storage.values[step] = policy(next_obs)
+                with autocast:
+                    action, storage.logprobs[step], storage.values[step] = policy(next_obs)
                 storage.actions[step] = action
                 next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
                 next_obs = torch.from_numpy(next_obs_np).to(device)
@@ -401,7 +409,9 @@ if __name__ == "__main__":
             # 2. Advantages. Under NEXT_STEP autoreset the observation after a game's last step is its true final
             # one (the autoreset step acts on it), so values[t + 1] bootstraps a truncation as it should.
             rewards, terminated, truncated, reset_steps = storage.on_device()
-            next_values = torch.cat([storage.values[1:], agent.get_value(next_obs).unsqueeze(0)])
+            with autocast:
+                next_value = agent.get_value(next_obs)
+            next_values = torch.cat([storage.values[1:], next_value.unsqueeze(0)])
             values = storage.values
             # A copy: with --cudagraphs the graph's output memory is reused by the next graph that runs.
             advantages = gae(rewards, values, next_values, terminated, truncated, args.gamma, args.gae_lambda).clone()

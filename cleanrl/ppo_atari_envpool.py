@@ -95,6 +95,8 @@ class Args:
     """the target KL divergence threshold (None: no early stop)"""
     repeat_action_probability: float = 0.0
     """sticky actions: the probability that the emulator repeats the previous action (envpool's default 0)"""
+    amp: bool = False
+    """if toggled, run the networks in bf16 autocast (parameters and storage stay float32)"""
     eval_episodes: int = 10
     """the number of games to evaluate the saved model for"""
 
@@ -138,7 +140,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class Agent(nn.Module):
     """Actor and critic heads on one torso, the Nature CNN (Mnih et al. 2015) on 4 stacked 84x84 frames. Takes uint8
-    observations."""
+    observations. The heads' outputs are cast to float32 (a no-op without --amp): under bf16 autocast the log-softmax,
+    the values stored and the losses are then float32 all the same."""
 
     def __init__(self, obs_shape: tuple, n_actions: int):
         super().__init__()
@@ -160,23 +163,23 @@ class Agent(nn.Module):
         return self.network(obs.float() / 255.0)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.features(obs)).squeeze(-1)
+        return self.critic(self.features(obs)).float().squeeze(-1)
 
     def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A sampled action, its log-probability and the value, from one pass of the torso."""
         hidden = self.features(obs)
-        log_probs = torch.log_softmax(self.actor(hidden), dim=-1)
+        log_probs = torch.log_softmax(self.actor(hidden).float(), dim=-1)
         # Gumbel-max trick: argmax(log_probs + Gumbel noise) is a sample of Categorical(logits).
         action = torch.argmax(log_probs - torch.log(-torch.log(torch.rand_like(log_probs))), dim=-1)
-        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).squeeze(-1)
+        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).float().squeeze(-1)
 
     def evaluate_actions(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Log-probabilities of `actions`, the policy's entropy and the value, from one pass of the torso."""
         hidden = self.features(obs)
-        log_probs = torch.log_softmax(self.actor(hidden), dim=-1)
+        log_probs = torch.log_softmax(self.actor(hidden).float(), dim=-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
         log_prob = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        return log_prob, entropy, self.critic(hidden).squeeze(-1)
+        return log_prob, entropy, self.critic(hidden).float().squeeze(-1)
 
 
 class RolloutStorage:
@@ -253,6 +256,9 @@ if __name__ == "__main__":
     agent = Agent(obs_shape, n_actions).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     storage = RolloutStorage(args.num_steps, args.num_envs, obs_shape, device)
+    # --amp: the networks' forward passes in bf16 autocast, which needs no loss scaling (its exponent range is
+    # float32's); parameters, optimiser state, the rollout and GAE stay float32.
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
 
     global_step, iteration = 0, 0
     # A resumed run's games are fresh ones (envpool cannot be saved), seeded apart from the first run's.
@@ -287,7 +293,8 @@ if __name__ == "__main__":
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 storage.obs[step] = next_obs
-                action, storage.logprobs[step], storage.values[step] = agent.act(next_obs)
+                with autocast:
+                    action, storage.logprobs[step], storage.values[step] = agent.act(next_obs)
                 storage.actions[step] = action
                 next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
                 next_obs = torch.from_numpy(next_obs_np).to(device)
@@ -302,7 +309,9 @@ if __name__ == "__main__":
             # 2. Advantages. Under NEXT_STEP autoreset the observation after a game's last step is its true final
             # one (the autoreset step acts on it), so values[t + 1] bootstraps a truncation as it should.
             rewards, terminated, truncated, reset_steps = storage.on_device()
-            next_values = torch.cat([storage.values[1:], agent.get_value(next_obs).unsqueeze(0)])
+            with autocast:
+                next_value = agent.get_value(next_obs)
+            next_values = torch.cat([storage.values[1:], next_value.unsqueeze(0)])
             values = storage.values
             advantages = compute_gae(rewards, values, next_values, terminated, truncated, args.gamma, args.gae_lambda)
             returns = advantages + values
@@ -321,7 +330,8 @@ if __name__ == "__main__":
         for epoch in range(args.update_epochs):
             b_inds = transitions[torch.randperm(len(transitions), device=device)]
             for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
-                newlogprob, entropy, newvalue = agent.evaluate_actions(b_obs[mb_inds], b_actions[mb_inds])
+                with autocast:
+                    newlogprob, entropy, newvalue = agent.evaluate_actions(b_obs[mb_inds], b_actions[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()
 

@@ -5,8 +5,8 @@ benchmark of Cobbe et al. 2020 (https://arxiv.org/abs/1912.01588) with the IMPAL
 conv sequences of 16, 32, 32 channels, each a 3x3 conv, a max-pool and two residual blocks, then 256 units) shared by
 actor and critic. CleanRL's settings: 64 envs x 256 steps, 8 minibatches x 3 epochs, a constant lr 5e-4 (as in
 CleanRL and the Procgen paper; --anneal-lr decays it linearly to 0), gamma 0.999, GAE 0.95, clip 0.2; rewards scaled
-by the running std of the discounted return and clipped to [-10, 10] (gymnasium's NormalizeReward; its statistics are
-saved with checkpoints and the model), while charts/episodic_return is the raw episode score.
+by the running std of the discounted return and clipped to [-10, 10] (gym 0.2x's NormalizeReward, as CleanRL; its
+statistics are saved with checkpoints and the model), while charts/episodic_return is the raw episode score.
 
 Action space: Discrete(15). Environments: envpool's Procgen games (StarpilotEasy-v0, BigfishEasy-v0, BossfightHard-v0
 ...), full level distribution by default (--num-levels 0). Autoreset is NEXT_STEP: the step after an episode ends (its
@@ -101,6 +101,8 @@ class Args:
     """the target KL divergence threshold (None: no early stop)"""
     eval_episodes: int = 10
     """the number of episodes to evaluate the saved model for"""
+    amp: bool = False
+    """if toggled, run the networks in bf16 autocast (parameters and storage stay float32)"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -173,7 +175,9 @@ def impala_cnn(obs_shape: tuple, channels: tuple = (16, 32, 32), hidden: int = 2
 
 
 class Agent(nn.Module):
-    """Actor and critic heads on one IMPALA CNN; takes uint8 observations."""
+    """Actor and critic heads on one IMPALA CNN; takes uint8 observations. The heads' outputs are cast to float32 (a
+    no-op without --amp): under bf16 autocast the log-softmax, the values stored and the losses are then float32 all
+    the same."""
 
     def __init__(self, obs_shape: tuple, n_actions: int):
         super().__init__()
@@ -188,29 +192,29 @@ class Agent(nn.Module):
         return self.network((obs.float() / 255.0).contiguous(memory_format=torch.channels_last))
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.features(obs)).squeeze(-1)
+        return self.critic(self.features(obs)).float().squeeze(-1)
 
     def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A sampled action, its log-probability and the value, from one pass of the torso."""
         hidden = self.features(obs)
-        log_probs = torch.log_softmax(self.actor(hidden), dim=-1)
+        log_probs = torch.log_softmax(self.actor(hidden).float(), dim=-1)
         # Gumbel-max trick: argmax(log_probs + Gumbel noise) is a sample of Categorical(logits).
         action = torch.argmax(log_probs - torch.log(-torch.log(torch.rand_like(log_probs))), dim=-1)
-        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).squeeze(-1)
+        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).float().squeeze(-1)
 
     def evaluate_actions(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Log-probabilities of `actions`, the policy's entropy and the value, from one pass of the torso."""
         hidden = self.features(obs)
-        log_probs = torch.log_softmax(self.actor(hidden), dim=-1)
+        log_probs = torch.log_softmax(self.actor(hidden).float(), dim=-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
         log_prob = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        return log_prob, entropy, self.critic(hidden).squeeze(-1)
+        return log_prob, entropy, self.critic(hidden).float().squeeze(-1)
 
 
 class RewardScaler:
-    """gymnasium's NormalizeReward for a batch of envs: rewards divided by the running standard deviation of each env's
-    discounted return, then clipped to [-10, 10]. The autoreset steps (reward 0, not transitions) leave the statistics
-    alone. Its statistics are part of the model."""
+    """gym 0.2x's NormalizeReward (CleanRL's) for a batch of envs: rewards divided by the running standard deviation
+    of each env's discounted return (zeroed after any episode end), then clipped to [-10, 10]. The autoreset steps
+    (reward 0, not transitions) leave the statistics alone. Its statistics are part of the model."""
 
     def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, epsilon: float = 1e-8):
         self.gamma, self.clip, self.epsilon = gamma, clip, epsilon
@@ -315,6 +319,9 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     reward_scaler = RewardScaler(args.num_envs, args.gamma)
     storage = RolloutStorage(args.num_steps, args.num_envs, obs_shape, device)
+    # --amp: the networks' forward passes in bf16 autocast, which needs no loss scaling (its exponent range is
+    # float32's); parameters, optimiser state, the rollout and GAE stay float32.
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
 
     iteration = global_step // args.batch_size
     next_obs_np, _ = envs.reset()
@@ -347,7 +354,8 @@ if __name__ == "__main__":
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 storage.obs[step] = next_obs
-                action, storage.logprobs[step], storage.values[step] = agent.act(next_obs)
+                with autocast:
+                    action, storage.logprobs[step], storage.values[step] = agent.act(next_obs)
                 storage.actions[step] = action
                 next_obs_np, reward, terminated, truncated, infos = envs.step(action.cpu().numpy())
                 next_obs = torch.from_numpy(next_obs_np).to(device)
@@ -361,7 +369,9 @@ if __name__ == "__main__":
             # 2. Advantages. Under NEXT_STEP autoreset the observation after an episode's last step is its true final
             # one (the autoreset step acts on it), so values[t + 1] bootstraps a truncation as it should.
             rewards, terminations, truncations, reset_steps = storage.on_device()
-            next_values = torch.cat([storage.values[1:], agent.get_value(next_obs).unsqueeze(0)])
+            with autocast:
+                next_value = agent.get_value(next_obs)
+            next_values = torch.cat([storage.values[1:], next_value.unsqueeze(0)])
             values = storage.values
             advantages = compute_gae(
                 rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda
@@ -382,7 +392,8 @@ if __name__ == "__main__":
         for epoch in range(args.update_epochs):
             b_inds = transitions[torch.randperm(len(transitions), device=device)]
             for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
-                newlogprob, entropy, newvalue = agent.evaluate_actions(b_obs[mb_inds], b_actions[mb_inds])
+                with autocast:
+                    newlogprob, entropy, newvalue = agent.evaluate_actions(b_obs[mb_inds], b_actions[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()
 

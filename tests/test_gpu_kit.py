@@ -264,6 +264,16 @@ def check_fast_td3(results: Path) -> None:
         assert "Traceback" not in text and "64/64 steps (100%)" in text, text[-2000:]
 
 
+def check_amp(results: Path) -> None:
+    table = (results / "amp_tiny.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| ppo_atari | MinAtar/Breakout-v1 |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    for cell in cells[3:5]:  # float32, --amp
+        assert cell.endswith("(512 steps)") and float(cell.split()[0].replace(",", "")) > 0, row
+    assert cells[5].endswith("x") and cells[6] == "- / -", row  # the ratio; no GPU memory on a CPU
+    assert "--amp" in (results / "amp_gpu_logs" / "ppo_atari__amp.log").read_text().splitlines()[0]
+
+
 RUN_ALL_ITEMS = {
     "ppo_isaacgym": check_ppo_isaacgym,
     "compile_table": check_compile_table,
@@ -273,6 +283,7 @@ RUN_ALL_ITEMS = {
     "pixels": check_pixels,
     "impala": check_impala,
     "fast_td3": check_fast_td3,
+    "amp": check_amp,
 }
 
 
@@ -325,10 +336,13 @@ def test_run_all_refuses_an_unknown_item_in_one_line(tmp_path):
     assert "ONLY names atari" in result.stderr and not list(tmp_path.iterdir())
 
 
-def test_compile_table_rows_use_flags_the_scripts_have():
-    """The GPU table's rows (not run here: 15 runs of HalfCheetah and CartPole) name flags their scripts define."""
-    compile_table = load("compile_table")
-    for script, env_id, flags, _, _ in compile_table.ROWS:
+@pytest.mark.parametrize("table", ["compile_table", "amp_table"])
+def test_gpu_table_rows_use_flags_the_scripts_have(table):
+    """The GPU tables' rows (not run here: 15 runs of HalfCheetah and CartPole; 10 of Atari and Procgen) name flags
+    their scripts define."""
+    module = load(table)
+    for script, env_id, flags, *_ in module.ROWS:
         source = (ROOT / "cleanrl" / f"{script}.py").read_text()
-        for flag in [f for f in flags if f.startswith("--")] + ["--env-id", "--seed", "--exp-name"]:
+        mode_flags = [flag for _, flags in module.MODES for flag in flags]
+        for flag in [f for f in flags + mode_flags if f.startswith("--")] + ["--env-id", "--seed", "--exp-name"]:
             assert f"    {flag[2:].replace('-', '_')}:" in source, (script, flag)

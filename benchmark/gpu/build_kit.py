@@ -105,7 +105,7 @@ GROUPS = [
     Group(
         "pixels",
         ["ale-py", "envpool"],
-        ["pixels"],
+        ["pixels", "amp"],
         # envpool imports every family's module (its .so) and reads their task metadata (.json) on import: only the
         # other data files can go.
         prune={
