@@ -41,11 +41,11 @@ ALGORITHM_MARKER = "# Algorithm specific arguments"
 # Which rows of the README's `--resume` table apply to a script, read from its row of the algorithm table
 # ("environments" column): a row applies when one of its patterns is in that cell.
 RESUME_ROWS = {
-    "classic control": r"gymnasium, flat|CartPole|Pendulum|PointChasing|StockTrading|MinAtar|ProofofMemory|memory-gym",
+    "classic control": r"gymnasium, flat|CartPole|Pendulum|PointChasing|StockTrading|MinAtar|ProofofMemory|MiniGrid",
     "gymnasium MuJoCo v5": r"MuJoCo v5|Hopper-v5|gymnasium's CPU vector envs",
     "dm_control suite": r"dm_control",
     "MuJoCo Warp": r"MuJoCo Warp",
-    "dm_control composer": r"Atari|envpool|Procgen|PyBullet|VMAS|MPE|Isaac Gym|MiniGrid",
+    "dm_control composer": r"Atari|envpool|Procgen|PyBullet|VMAS|MPE|Isaac Gym|memory-gym",
 }
 
 
