@@ -175,14 +175,16 @@ def perturbed_agent(seed: int, obs_shape=OBS_SHAPE, n_actions=N_ACTIONS, obs_hig
 
 def test_an_actors_rollouts_hold_what_its_games_returned_and_the_logprobs_of_the_version_they_name(cluster):
     """A real actor on an ALE game given version 0's weights, then version 1's (twice). Its games are replayed here
-    from the same seeds (the actor's index picks them) and the actions it sent: every row is what the env returned
-    (observations, rewards clipped to their sign, a game over or a lost life as a termination, truncations, the
-    autoreset steps, the finished games), and every behaviour log-probability is that of the weights of the version
-    its rollout names, not the other's. Asterix: points of 50 from the first steps and lives lost within ~150."""
+    from the same seeds (the first seed and the actor's index pick them) and the actions it sent: every row is what
+    the env returned (observations, rewards clipped to their sign, a game over or a lost life as a termination,
+    truncations, the autoreset steps, the finished games), and every behaviour log-probability is that of the weights
+    of the version its rollout names, not the other's. Asterix: points of 50 from the first steps and lives lost
+    within ~150."""
     args = impala_atari.Args(env_id="AsterixNoFrameskip-v4", seed=3, local_num_envs=2, num_steps=64)
     agents = {version: perturbed_agent(version, ATARI_SHAPE, 9, 255.0, scale=0.05) for version in (0, 1)}
     stored = {version: ray.put(agent.state_dict()) for version, agent in agents.items()}
-    actor = impala_atari.Actor.remote(1, args, None)
+    first_seed = args.seed + 1000  # as a run resumed at step 1000 seeds its actors: new games, not the first run's
+    actor = impala_atari.Actor.remote(1, args, None, first_seed)
     try:
         rollouts = [ray.get(actor.rollout.remote(version, stored[version])) for version in (0, 1, 1)]
     finally:
@@ -190,7 +192,7 @@ def test_an_actors_rollouts_hold_what_its_games_returned_and_the_logprobs_of_the
     assert [rollout["version"] for rollout in rollouts] == [0, 1, 1]
 
     envs = make_envs("AsterixNoFrameskip-v4", 2)
-    obs, _ = envs.reset(seed=3 + 1 * 2)  # actor 1 of local_num_envs 2: seeds 5 and 6
+    obs, _ = envs.reset(seed=first_seed + 1 * 2)  # actor 1 of local_num_envs 2: seeds 1005 and 1006
     ended = np.zeros(2, dtype=bool)
     lives_lost = big_rewards = 0
     for rollout in rollouts:
