@@ -9,12 +9,10 @@ learns online from its own replay for --total-timesteps env steps, lambda = 1 - 
 against the teacher's evaluation), clipped to [0, 1]. The teacher is a model saved by dqn_atari.py with --save-model
 for the same env: a file, a run directory or hf://USER/NAME (cleanrl_utils.hub).
 
-Where ours differs from CleanRL's file: the distillation loss is the batch mean of the per-state KL (the paper's
-expectation; CleanRL sums over the batch, 32x the weight at batch 32); the online epsilon schedule counts online steps
-only (CleanRL's counts the offline gradient steps too, so the student starts at epsilon ~0.5); lambda is also defined
-for teachers with scores <= 0 (|G_teacher| in the ratio's denominator); the teacher's network is written out here;
-online learning starts after --learning-starts online steps (CleanRL's counter includes the offline steps, so its
-student learns online at once) and lambda is clipped at 1 as well as 0 (CleanRL: at 0 only).
+Where ours differs from CleanRL's file: the distillation loss is the batch mean of the per-state KL (CleanRL sums
+over the batch); the online epsilon schedule and --learning-starts count online steps only (CleanRL's counter includes
+the offline steps: its student starts at epsilon ~0.5 and learns online at once); lambda is clipped at 1 as well as 0
+and defined for teachers scoring <= 0 (|G_teacher| in the denominator); the teacher's network is written out here.
 Resume: like dqn_atari.py (MinAtar exact on the CPU, Atari with fresh games), in each of the three phases.
 
     uv run python cleanrl/qdagger_dqn_atari_impalacnn.py --env-id MinAtar/Breakout-v1 \\
