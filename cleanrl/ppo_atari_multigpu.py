@@ -17,6 +17,7 @@ picks the GPU. Without torchrun, `python cleanrl/ppo_atari_multigpu.py` is a run
 Expect ppo_atari.py's returns at the same total steps (Breakout ~415 after 10M, CleanRL's figure).
 """
 
+import atexit
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -378,6 +379,9 @@ if __name__ == "__main__":
         dist.init_process_group(backend)  # torchrun's rendezvous: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    # Left at every exit, the SystemExit after a SIGTERM's checkpoint too: a gloo group still alive when the
+    # interpreter exits can abort the process ("terminate called without an active exception").
+    atexit.register(dist.destroy_process_group)
     run = Run(args, __file__, writes=rank == 0)  # seeds, picks the device, checks --resume; rank 0: the run directory
     seed_everything(args.seed + rank, args.torch_deterministic)  # each rank draws its own actions and minibatches
     device = run.device
@@ -495,6 +499,5 @@ if __name__ == "__main__":
         run.end_iteration(global_step, stop=stop)
 
     envs.close()
-    dist.destroy_process_group()
     model = dict(agent=agent.state_dict(), obs_shape=obs_shape, n_actions=n_actions, obs_high=obs_high)
     run.finish(global_step, evaluate, **model)
