@@ -364,8 +364,10 @@ def mark_finished(job: Job) -> None:
 
 
 def made_run_dir(job: Job, runs_root: Path, before: set[Path], start: float) -> Path | None:
-    """The run directory a job's command made: a new one in runs_root with its env_id and seed."""
+    """The run directory a job's command made: a new one in runs_root with its env_id and seed, of its command."""
     candidates = new_run_dirs(runs_root, before, job.env_id, job.seed)
+    # Another benchmark may be running the same environment and seed into the same runs/: keep this command's runs.
+    candidates = [d for d in candidates if made_by(d, job)] or candidates
     # Run names end in the unix time they were made: keep those made while this job ran.
     first, last = int(start) - 1, int(start + job.seconds) + 1
     timed = [d for d in candidates if first <= unix_time(d) <= last]

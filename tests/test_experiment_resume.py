@@ -188,6 +188,27 @@ def test_benchmark_tells_a_run_of_another_command_from_its_own(tmp_path):
     assert not benchmark.made_by(run_dir, benchmark.make_jobs("python cleanrl/dqn.py", ["CartPole-v1"], [1])[0])
 
 
+def test_benchmark_keeps_its_own_run_when_another_benchmark_shares_runs_and_seed(tmp_path):
+    """Two benchmarks at once into one runs/ (crossq and sac, seed 3): each job archives and tabulates its own run."""
+    from cleanrl_utils import benchmark
+
+    def make_run(exp_name, unix_time):
+        run_dir = tmp_path / f"Hopper-v5__{exp_name}__3__{unix_time}"
+        run_dir.mkdir()
+        (run_dir / "args.json").write_text(json.dumps({"exp_name": exp_name, "env_id": "Hopper-v5", "seed": 3}))
+        return run_dir
+
+    crossq = make_run("crossq_w512_100k", 1796625822)
+    sac = make_run("sac_100k", 1796628010)  # started later, by the other benchmark, while crossq's job ran
+    command = "python cleanrl/crossq_continuous_action.py --exp-name crossq_w512_100k"
+    (job,) = benchmark.make_jobs(command, ["Hopper-v5"], [3])
+    job.seconds = 6000.0
+    assert benchmark.made_run_dir(job, tmp_path, set(), 1796625821.5) == crossq
+    (job,) = benchmark.make_jobs("python cleanrl/sac_continuous_action.py --exp-name sac_100k", ["Hopper-v5"], [3])
+    job.seconds = 1100.0
+    assert benchmark.made_run_dir(job, tmp_path, set(), 1796628009.8) == sac
+
+
 def test_a_killed_tuner_started_again_continues_its_study(tmp_path):
     import optuna
 
