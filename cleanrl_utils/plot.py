@@ -7,8 +7,9 @@
 Each argument is a run directory or a folder (such as runs/) with run directories below it.
 Runs are grouped by environment and by experiment name (exp_name, i.e. the script) as written
 in their args.json. The figure has one row per environment and two panels: the metric
-(--metric, default charts/episodic_return) against environment steps, and against wall time
-since the run started. Each panel has one line per experiment, aggregated across seeds:
+(--metric, default charts/episodic_return) against environment steps, and against the wall time
+the run had been running (a resumed run's wait between stop and resume left out, as in the
+results table). Each panel has one line per experiment, aggregated across seeds:
 
 - every seed's curve is smoothed (--smoothing W: TensorBoard's debiased exponential moving
   average with weight W in [0, 1), 0 = none), then linearly interpolated onto a common grid of
@@ -35,7 +36,16 @@ from pathlib import Path
 import numpy as np
 
 from cleanrl_utils.errors import fail
-from cleanrl_utils.results import RunError, find_run_dirs, iqm, load_events, read_scalar, run_info
+from cleanrl_utils.results import (
+    RunError,
+    find_run_dirs,
+    iqm,
+    load_events,
+    process_spans,
+    read_scalar,
+    run_info,
+    seconds_running,
+)
 
 
 @dataclass
@@ -44,7 +54,7 @@ class Curve:
     exp_name: str
     seed: int
     steps: np.ndarray
-    seconds: np.ndarray  # wall time since the run started
+    seconds: np.ndarray  # wall time the run had been running (a resume's wait left out)
     values: np.ndarray
 
 
@@ -149,8 +159,12 @@ def load_curves(paths: list[Path], metric: str) -> list[Curve]:
             except RunError as error:
                 missing.append(error)
                 continue
-            start = min(acc.FirstEventTimestamp(), wall[0])
-            curves.append(Curve(info["env_id"], info["exp_name"], int(info["seed"]), steps, wall - start, values))
+            # Time spent running: a resumed run's wait between its stop and its resume is left out, as in the
+            # results table; the first process's start-up before its first scalar is counted.
+            spans = process_spans(run_dir)
+            startup = max(spans[0][0] - acc.FirstEventTimestamp(), 0.0)
+            seconds = startup + seconds_running(spans, wall)
+            curves.append(Curve(info["env_id"], info["exp_name"], int(info["seed"]), steps, seconds, values))
     except RunError as error:
         fail(str(error))
     if not curves:

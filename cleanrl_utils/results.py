@@ -134,13 +134,29 @@ def training_seconds(run_dir: Path) -> float:
     """The wall time a run spent training: first to last scalar event of each of its events files (each process
     writes one, so a resumed run has one per resume), summed. The time between a stop and its resume is left out;
     the steps a resume redoes (from its checkpoint to where the stopped process had got) are counted as time."""
+    return sum(last - first for first, last in process_spans(run_dir))
+
+
+def process_spans(run_dir: Path) -> list[tuple[float, float]]:
+    """(first, last) wall time of the scalar events of each of a run's events files (one per process), in order."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-    total = 0.0
+    spans = []
     for path in sorted(run_dir.glob(EVENTS_GLOB)):
         times = [event.wall_time for event in EventFileLoader(str(path)).Load() if event.HasField("summary")]
-        total += max(times) - min(times) if times else 0.0
-    return total
+        if times:
+            spans.append((min(times), max(times)))
+    return sorted(spans)
+
+
+def seconds_running(spans: list[tuple[float, float]], wall: np.ndarray) -> np.ndarray:
+    """The seconds a run had been running at each wall time in `wall`, as training_seconds counts them: each
+    process's time since its first scalar event plus the whole spans of the processes before it (a resume's wait
+    left out)."""
+    firsts = np.array([first for first, _ in spans])
+    before = np.concatenate([[0.0], np.cumsum([last - first for first, last in spans])])
+    process = np.clip(np.searchsorted(firsts, wall, side="right") - 1, 0, len(spans) - 1)
+    return before[process] + np.maximum(wall - firsts[process], 0.0)
 
 
 def read_scalar(run_dir: Path, tag: str, acc=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -364,6 +364,29 @@ def test_plot_writes_png_of_real_runs_with_several_algorithms(ppo_runs, tmp_path
     assert y[np.argmin(abs(x - 512))] == pytest.approx(21.5, abs=0.1)
 
 
+def test_wall_time_of_a_resumed_run_leaves_out_the_wait_between_its_processes(tmp_path):
+    """Stopped at step 200 (t = 1100 s), resumed an hour later from its checkpoint at step 100: the plot's wall-time
+    axis and the table's wall time both count 100 s + 30 s of running, not the hour."""
+    from cleanrl_utils import plot, results
+
+    run_dir = tmp_path / "Hopper-v5__crossq__1__1700000000"
+    run_dir.mkdir()
+    (run_dir / "args.json").write_text(json.dumps({"env_id": "Hopper-v5", "exp_name": "crossq", "seed": 1}))
+    writer = SummaryWriter(str(run_dir), filename_suffix=".first")  # scalars 50 s apart
+    for step, value, t in [(0, 1.0, 1000.0), (100, 2.0, 1050.0), (200, 3.0, 1100.0)]:
+        writer.add_scalar("charts/episodic_return", value, step, walltime=t)
+    writer.close()
+    writer = SummaryWriter(str(run_dir), filename_suffix=".second", purge_step=101)  # as cleanrl_utils.run resumes
+    for step, value, t in [(150, 2.5, 4700.0), (300, 4.0, 4730.0)]:
+        writer.add_scalar("charts/episodic_return", value, step, walltime=t)
+    writer.close()
+
+    assert results.training_seconds(run_dir) == pytest.approx(130.0)
+    (curve,) = plot.load_curves([run_dir], "charts/episodic_return")
+    assert list(curve.steps) == [0, 100, 150, 300]  # the first process's step 200 superseded by the resume
+    assert curve.seconds == pytest.approx([0.0, 50.0, 100.0, 130.0])
+
+
 # ---------------------------------------------------------------------------- tuner
 
 
