@@ -3,7 +3,7 @@
 # budget, 12k steps (5,000 of them random: each script's default), seeds 1-3: the budget at which redq.sh could run
 # REDQ here (benchmark/results/redq.md: REDQ 338.75 and SAC 274.77, seed 1 each; 45 min per REDQ seed).
 # Parts (all by default, in order): crossq, sac, table; at 100k steps (REDQ's headline budget): crossq_100k, sac_100k,
-# table_100k (~95 min per CrossQ seed and ~45 per SAC seed on one core).
+# table_100k (measured: ~70 min per CrossQ seed and ~18 per SAC seed on one core, two runs at a time).
 #
 #   crossq  CrossQ with 512-wide critics (--critic-hidden 512), the paper's settings otherwise (batch renormalisation,
 #           no target networks, Adam beta1 0.5, lr 1e-3, a policy update every 3rd critic update). The paper's 2048
