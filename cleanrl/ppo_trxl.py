@@ -519,15 +519,16 @@ if __name__ == "__main__":
                 pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
                 pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-                # Value loss
+                # Value loss: the squared error without PPO's usual 1/2, as the TrXL PPO reference and CleanRL's
+                # ppo_trxl weigh it (the shared transformer trains its critic at --vf-coef times this).
                 mb_returns, mb_values = b_returns[mb_inds], b_values[mb_inds]
                 if args.clip_vloss:
                     v_loss_unclipped = (newvalue - mb_returns) ** 2
                     v_delta = torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
                     v_loss_clipped = (mb_values + v_delta - mb_returns) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                    v_loss = torch.max(v_loss_unclipped, v_loss_clipped).mean()
                 else:
-                    v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+                    v_loss = ((newvalue - mb_returns) ** 2).mean()
 
                 entropy_loss = entropy.mean()
                 loss = pg_loss - ent_coef * entropy_loss + v_loss * args.vf_coef

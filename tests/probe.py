@@ -4,6 +4,7 @@
                          final=["rb"])
     trace.steps[3]["rewards"]    # what `rewards` held when `global_step` changed for the 4th time
     trace.backward[0]["obs_b"]   # what `obs_b` held when the first loss's backward() was called
+    trace.backward[0]["grads"]["q_network"]  # with grads=["q_network"]: its parameters' .grad after that backward()
     trace.final["rb"]            # the replay buffer as the run left it
 
 The script runs unchanged, as `python cleanrl/<script> <flags>` would run it, in a process of its own (this file is
@@ -19,6 +20,10 @@ own). Two observers are installed before it starts:
   are copied from the script's innermost frame that has them, with the loss itself (key "loss") and the innermost
   script function calling backward (key "where"). A dotted name copies an attribute of a local (`rb.tree.nodes`,
   `q_network.value.0.eps_in`: what a state dict leaves out, such as a noisy layer's non-persistent noise buffers).
+- `grads`: names found as `at_backward` finds them, read right after that backward() returned: a module's
+  parameters' `.grad` by parameter name (None where a parameter got no gradient), a tensor's `.grad`, a list of
+  tensors' (an optimiser's parameters) element-wise; under entry["grads"][name]. What the loss did to the gradients,
+  before any clipping or optimiser step: tests compare it with a reference loss's gradient (tests/update_reference.py).
 
 Copies: tensors detached and moved to the CPU (dtype kept), numpy arrays copied, nn.Modules and objects with a
 state_dict() as their state dicts, other objects as copies of their attributes (`vars`), containers element-wise.
@@ -60,6 +65,7 @@ def probe_script(
     *,
     watch: list[str] | tuple[str, ...] = (),
     at_backward: list[str] | tuple[str, ...] = (),
+    grads: list[str] | tuple[str, ...] = (),
     final: list[str] | tuple[str, ...] = (),
     functions: list[str] | tuple[str, ...] = (),
     step_name: str = "global_step",
@@ -82,6 +88,7 @@ def probe_script(
             argv=list(flags),
             watch=list(watch),
             at_backward=list(at_backward),
+            grads=list(grads),
             final=list(final),
             functions=list(functions),
             step_name=step_name,
@@ -166,6 +173,7 @@ def drive(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     script = os.path.realpath(spec["script"])
     watch, at_backward, functions = spec["watch"], spec["at_backward"], {"<module>", *spec["functions"]}
+    grads = spec.get("grads", [])
     step_name = spec["step_name"]
     seen = {"steps": [], "backward": []}
     last_step = {}  # the step counter's value at the last entry
@@ -211,36 +219,62 @@ def drive(spec_path: str) -> None:
                 yield frame
             frame = frame.f_back
 
-    def record_backward(loss) -> None:
+    def find(name: str, frames: list):
+        """The value of `name` (a local, or a dotted attribute of one) in the innermost frame holding it; a
+        sentinel when none does."""
+        head, *attributes = name.split(".")
+        for frame in frames:
+            if head in frame.f_locals:
+                value = frame.f_locals[head]
+                for attribute in attributes:  # a dotted name: an attribute of a local
+                    value = getattr(value, attribute, None)
+                return value
+        return missing
+
+    missing = object()
+
+    def record_backward(loss):
+        """The entry of this backward() call, and the objects whose gradients are read after it (or None)."""
         if threading.current_thread() is not threading.main_thread():
-            return
+            return None
         frames = list(script_frames())
         if not frames:
-            return
+            return None
         entry = {"loss": copy_value(loss), "where": frames[0].f_code.co_name, "step": current_step(frames[0])}
         for name in at_backward:
-            head, *attributes = name.split(".")
-            for frame in frames:
-                if head in frame.f_locals:
-                    value = frame.f_locals[head]
-                    for attribute in attributes:  # a dotted name: an attribute of a local
-                        value = getattr(value, attribute, None)
-                    entry[name] = copy_value(value)
-                    break
+            value = find(name, frames)
+            if value is not missing:
+                entry[name] = copy_value(value)
         seen["backward"].append(entry)
+        return entry, {name: value for name in grads if (value := find(name, frames)) is not missing}
+
+    def gradient_of(value):
+        """What backward() left in `value`'s gradients: see the module docstring."""
+        if isinstance(value, torch.nn.Module):
+            return {name: copy_value(p.grad) for name, p in value.named_parameters()}
+        if isinstance(value, torch.Tensor):
+            return copy_value(value.grad)
+        if isinstance(value, (list, tuple)):
+            return [gradient_of(item) for item in value]
+        if isinstance(value, torch.optim.Optimizer):
+            return [[copy_value(p.grad) for p in group["params"]] for group in value.param_groups]
+        return None
 
     tensor_backward, autograd_backward = torch.Tensor.backward, torch.autograd.backward
     inside = []  # Tensor.backward calls torch.autograd.backward: record the outer call only
 
     def observed(backward):
         def observed_backward(loss, *args, **kwargs):
-            if not inside:
-                record_backward(loss)
+            recorded = None if inside else record_backward(loss)
             inside.append(True)
             try:
-                return backward(loss, *args, **kwargs)
+                result = backward(loss, *args, **kwargs)
             finally:
                 inside.pop()
+            if recorded is not None and recorded[1]:
+                entry, holders = recorded
+                entry["grads"] = {name: gradient_of(value) for name, value in holders.items()}
+            return result
 
         return observed_backward
 

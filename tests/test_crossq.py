@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, assert_unchanged, gradients, leaves
 
 SCRIPT = "crossq_continuous_action.py"
 EPS, R_MAX, D_MAX = 1e-3, 3.0, 5.0  # the authors' batch renormalisation constants
@@ -142,6 +143,7 @@ def probed(tmp_path_factory):
         cwd,
         watch=PROBE_STEP_NAMES,
         at_backward=PROBE_AT_BACKWARD,
+        grads=["qf", "actor", "log_alpha"],
         final=["rb"],
         preload=["probe_box_envs"],
     )
@@ -232,20 +234,22 @@ def test_each_critic_step_is_the_joint_training_pass_regressing_on_its_own_secon
     assert [entry["t"] for entry in updates] == list(range(LEARNING_STARTS + 1, 105))  # one per env step
     terminal_targets = 0
     for entry in updates:
-        batch, qf = entry["batch"], entry["qf"]
+        batch, qf, where = entry["batch"], leaves(entry["qf"]), f"update {entry['t']}"
         assert all(plain.row_key(batch, i) in stored for i in range(16)), "a sampled row was never stored"
         alpha = entry["log_alpha"].double().exp()
-        with torch.no_grad():
-            # a' ~ pi(.|s') with the policy's running statistics; then one training-mode pass over both halves.
+        with torch.no_grad():  # a' ~ pi(.|s') with the policy's running statistics
             next_actions, next_log_prob = policy(entry["actor"], batch["next_obs"], entry["noise"], training=False)
-            obs = torch.cat([batch["obs"].double(), batch["next_obs"].double()])
-            actions = torch.cat([batch["actions"].double(), next_actions])
-            joint = torch.stack([critic(qf, i, obs, actions, training=True)[0] for i in (0, 1)])
-            q, next_q = joint[:, :16], joint[:, 16:]
-            soft_value = next_q.amin(0) - alpha * next_log_prob
-            target = batch["rewards"].double() + GAMMA * (1 - batch["terminations"].double()) * soft_value
-            expected = 0.5 * ((q - target) ** 2).mean(1).sum()
-        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), f"update {entry['t']}"
+        # One training-mode pass over both halves; the target from its second half, held constant (the paper's
+        # stop-gradient: CrossQ has no target network, so this is what keeps Q(s', a') out of the gradient).
+        obs = torch.cat([batch["obs"].double(), batch["next_obs"].double()])
+        actions = torch.cat([batch["actions"].double(), next_actions])
+        joint = torch.stack([critic(qf, i, obs, actions, training=True)[0] for i in (0, 1)])
+        q, next_q = joint[:, :16], joint[:, 16:].detach()
+        soft_value = next_q.amin(0) - alpha * next_log_prob
+        target = batch["rewards"].double() + GAMMA * (1 - batch["terminations"].double()) * soft_value
+        expected = 0.5 * ((q - target) ** 2).mean(1).sum()
+        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), where
+        assert_gradients_match(entry["grads"]["qf"], gradients(expected, qf), where)
         terminal_targets += int(batch["terminations"].sum())
     assert terminal_targets > 10, "sampled transitions should end episodes"
 
@@ -283,21 +287,30 @@ def test_the_policy_and_alpha_step_every_policy_frequency_critic_steps_with_the_
         obs, where = entry["obs"], f"policy step at t={entry['t']}"
         assert torch.equal(obs, by_t[entry["t"]]["batch"]["obs"])  # the critic step's minibatch
         assert not torch.equal(entry["noise"], by_t[entry["t"]]["noise"])  # fresh noise
-        alpha = entry["log_alpha"].double().exp()
-        with torch.no_grad():
-            # The policy in training mode (its batch statistics), the critics with their running statistics.
-            actions, log_prob = policy(entry["actor"], obs, entry["noise"], training=True)
-            q = torch.minimum(*(critic(entry["qf"], i, obs, actions, training=False)[0] for i in (0, 1)))
-            loss = (alpha * log_prob - q).mean()
-            alpha_loss = (-alpha * (log_prob + TARGET_ENTROPY)).mean()
+        log_alpha = entry["log_alpha"].double().requires_grad_(True)
+        actor = leaves(entry["actor"])
+        # The policy in training mode (its batch statistics), the critics with their running statistics; alpha a
+        # constant in the policy's loss, the log-probabilities constants in alpha's.
+        actions, log_prob = policy(actor, obs, entry["noise"], training=True)
+        q = torch.minimum(*(critic(entry["qf"], i, obs, actions, training=False)[0] for i in (0, 1)))
+        loss = (log_alpha.detach().exp() * log_prob - q).mean()
+        alpha_loss = (-log_alpha.exp() * (log_prob.detach() + TARGET_ENTROPY)).mean()
         assert entry["actor_loss"].item() == pytest.approx(loss.item(), rel=1e-5), where
         assert entry["loss"].item() == pytest.approx(loss.item(), rel=1e-5), where
         assert alpha_entry["alpha_loss"].item() == pytest.approx(alpha_loss.item(), rel=1e-5), where
-        # The critics' statistics are untouched by the policy step.
+        assert_gradients_match(entry["grads"]["actor"], gradients(loss, actor), where)
+        assert_gradients_match(
+            {"log_alpha": alpha_entry["grads"]["log_alpha"]}, gradients(alpha_loss, {"log_alpha": log_alpha}), where
+        )
+        # The critics are untouched by the policy step: its statistics as the critic step left them (its backward came
+        # after the joint pass moved them), its weights as the next critic step finds them.
         for name, value in entry["qf"].items():
             assert torch.equal(value, by_t[entry["t"]]["qf"][name]) or not name.endswith(
                 ("running_mean", "running_var", "steps")
             )
+        if entry["t"] + 1 in by_t:
+            weights = lambda name: not name.endswith(("running_mean", "running_var", "steps"))  # noqa: E731
+            assert_unchanged(entry["qf"], by_t[entry["t"] + 1]["qf"], where, names=weights)
     # The policy's statistics moved once per policy step (its normalisation trains only there).
     assert int(policies[-1]["actor"]["trunk.0.steps"]) == len(policies)
     assert alphas[-1]["alpha"].item() < 1.0  # alpha (from 1) was tuned

@@ -14,6 +14,7 @@ import ppo_trxl
 import pytest
 import torch
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, gradients
 
 import cleanrl_utils.envs.proof_of_memory as pom
 
@@ -128,7 +129,7 @@ def test_memory_window_holds_the_current_episodes_last_steps(memory_length):
 # steps per rollout, so episodes cross rollout boundaries. A plain walk over each env's steps (all rollouts, with the
 # episode ends the envs returned) rebuilds every step's window, mask and positions.
 NUM_ENVS, NUM_STEPS, ITERATIONS, EPOCHS, MINIBATCHES, MEMORY = 2, 40, 3, 2, 2, 4
-GAMMA, GAE_LAMBDA = 0.9, 0.8
+GAMMA, GAE_LAMBDA, CLIP, ANNEAL_STEPS = 0.9, 0.8, 0.3, 32 * 512 * 10000  # ANNEAL_STEPS: the script's default
 LOOP_FLAGS = ["--env-id", pom.ENV_ID, "--num-envs", str(NUM_ENVS), "--num-steps", str(NUM_STEPS), *NET]
 LOOP_FLAGS += ["--total-timesteps", str(NUM_ENVS * NUM_STEPS * ITERATIONS), "--update-epochs", str(EPOCHS)]
 LOOP_FLAGS += ["--num-minibatches", str(MINIBATCHES), "--trxl-memory-length", str(MEMORY), "--init-lr", "1e-2"]
@@ -153,7 +154,7 @@ def loop(tmp_path_factory) -> Loop:
     from probe import probe_script
 
     cwd = tmp_path_factory.mktemp("loop")
-    trace = probe_script(SCRIPT, LOOP_FLAGS, cwd, at_backward=UPDATE_NAMES)
+    trace = probe_script(SCRIPT, LOOP_FLAGS, cwd, at_backward=UPDATE_NAMES, grads=["agent"])
     (run_dir,) = run_dirs(cwd)
     updates = trace.backward
     assert len(updates) == ITERATIONS * EPOCHS * MINIBATCHES
@@ -274,6 +275,42 @@ def test_advantages_bootstrap_a_cut_episode_from_its_final_observation_in_its_ow
         )
         assert np.allclose(first["advantages"].numpy(), expected, atol=1e-5)
         assert np.allclose(first["returns"].numpy(), expected + values, atol=1e-5)
+
+
+def reference_ppo_loss(agent: ppo_trxl.Agent, update: dict) -> torch.Tensor:
+    """The PPO-TrXL loss of one minibatch as CleanRL's ppo_trxl defines it, in float64: the clipped surrogate on the
+    raw advantages (no normalisation by default), the clipped value loss (the squared error without a 1/2) weighted
+    0.5, minus the annealed entropy bonus. Advantages, returns and the rollout's values and log-probabilities are
+    constants (the rollout's, computed before the update)."""
+    storage, rows = update["storage"], update["mb_inds"]
+    agent = agent.double()
+    log_probs, value, _ = agent(
+        storage["obs"].flatten(0, 1)[rows].double(),
+        update["mb_window"].double(),
+        update["mb_mask"],
+        update["mb_positions"],
+    )
+    new_log_prob = log_probs.gather(-1, storage["actions"].flatten()[rows, None]).squeeze(-1)
+    ratio = torch.exp(new_log_prob - storage["logprobs"].flatten()[rows].double())
+    advantages = update["advantages"].flatten()[rows].double()
+    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - CLIP, 1 + CLIP) * advantages).mean()
+    returns, old_values = update["returns"].flatten()[rows].double(), storage["values"].flatten()[rows].double()
+    value_clipped = old_values + (value - old_values).clamp(-CLIP, CLIP)
+    value_loss = torch.max((value - returns) ** 2, (value_clipped - returns) ** 2).mean()
+    entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+    global_step = (update["iteration"] - 1) * NUM_ENVS * NUM_STEPS  # at the iteration's start
+    ent_coef = 1e-6 + (1e-4 - 1e-6) * max(1 - global_step / ANNEAL_STEPS, 0.0)
+    return -surrogate + 0.5 * value_loss - ent_coef * entropy
+
+
+def test_every_gradient_step_is_the_gradient_of_the_ppo_trxl_loss_of_its_minibatch(loop):
+    for k, update in enumerate(loop.updates):
+        agent = agent_from(update["agent"]).double()
+        loss = reference_ppo_loss(agent, update)
+        where = f"update {k} (iteration {update['iteration']}, epoch {update['epoch']})"
+        reference = gradients(loss, dict(agent.named_parameters()))
+        assert_gradients_match(update["grads"]["agent"], reference, where)
+        assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-4, abs=1e-6), where
 
 
 @pytest.mark.parametrize(
