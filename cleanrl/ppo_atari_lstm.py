@@ -219,13 +219,6 @@ class Agent(nn.Module):
         return log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1), entropy, value
 
 
-def episode_starts(life_loss: np.ndarray, game_over: np.ndarray, resets: np.ndarray) -> np.ndarray:
-    """Which envs' next observation starts a training episode, so that the LSTM state is zeroed before it: the one
-    after a lost life while the game goes on, and a new game's first one, which follows the autoreset step (`resets`:
-    the step just taken was one). The autoreset step itself sees the old game's final observation with its state."""
-    return (life_loss & ~game_over) | resets
-
-
 class RolloutStorage:
     """One rollout of `num_steps` x `num_envs` steps on the device: uint8 observations, the episode starts that zero
     the LSTM state, actions, their log-probabilities and values, and the LSTM state the rollout began with; rewards,
@@ -293,7 +286,7 @@ def evaluate(model_path, eval_episodes: int, device, seed=0, capture_video=False
             obs_t, starts_t = torch.as_tensor(obs, device=device), torch.as_tensor(starts, device=device)
             actions, _, _, state = agent.act(obs_t, state, starts_t)
             obs, _, terminated, truncated, infos = envs.step(actions.cpu().numpy())
-            starts, resets = episode_starts(infos["life_loss"], terminated | truncated, resets), terminated | truncated
+            starts, resets = resets, terminated | truncated  # a new episode starts after its autoreset step
             if "episode" in infos:
                 game_scores += infos["episode"]["r"][infos["_episode"]].tolist()
     envs.close()
@@ -370,8 +363,9 @@ if __name__ == "__main__":
                 storage.terminations[step] = terminated | infos["life_loss"]
                 storage.truncations[step] = truncated
                 storage.resets[step] = resets
-                starts = episode_starts(infos["life_loss"], terminated | truncated, resets)
-                resets = terminated | truncated  # NEXT_STEP autoreset: these envs' next step starts a new game
+                # A training episode (a game, or a life: with episodic lives a lost life is a termination) starts
+                # after its autoreset step, which acts on the ended one's final observation: zero the state there.
+                starts, resets = resets, terminated | truncated  # NEXT_STEP autoreset: these envs' next step is one
                 next_starts = torch.from_numpy(starts).to(device)
                 run.log_episodes(global_step, infos)
 

@@ -78,16 +78,6 @@ def test_lstm_state_is_zeroed_exactly_at_episode_starts():
     assert torch.allclose(unreset[:, 3], outputs[:, 3], atol=1e-12)
 
 
-def test_episode_starts_follow_life_losses_and_the_autoreset_step():
-    life_loss = np.array([1, 1, 0, 0, 0], dtype=bool)
-    game_over = np.array([0, 1, 1, 0, 0], dtype=bool)  # env 1 lost its last life, env 2's game was cut
-    resets = np.array([0, 0, 0, 1, 0], dtype=bool)  # env 3's step was an autoreset: a new game's first obs follows
-    starts = ppo_atari_lstm.episode_starts(life_loss, game_over, resets)
-    # A new life starts (env 0) and a new game starts (env 3); a game's final observation, which the autoreset step
-    # acts on, keeps the old game's state (envs 1 and 2).
-    assert starts.tolist() == [True, False, False, True, False]
-
-
 def reference_advantages(stream, gamma, gae_lambda):
     """Per env: walk the recorded steps; each real transition's advantage is the (gamma * lambda)-discounted sum of
     TD errors up to the end of its training episode. `stream` rows: (value, reward, terminated, truncated, reset)."""

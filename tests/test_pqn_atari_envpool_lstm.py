@@ -61,14 +61,6 @@ def test_lstm_state_is_zeroed_exactly_at_episode_starts():
     assert torch.allclose(unreset[:, 3], outputs[:, 3], atol=1e-12)
 
 
-def test_episode_starts_follow_life_losses_and_the_autoreset_step():
-    life_loss = np.array([1, 1, 0, 0, 0], dtype=bool)
-    game_over = np.array([0, 1, 1, 0, 0], dtype=bool)  # env 1 lost its last life, env 2's game was cut
-    resets = np.array([0, 0, 0, 1, 0], dtype=bool)  # env 3's step was an autoreset: a new game's first obs follows
-    # A new life (env 0) and a new game (env 3) start; a game's final observation keeps the old game's state.
-    assert script.episode_starts(life_loss, game_over, resets).tolist() == [True, False, False, True, False]
-
-
 @pytest.mark.parametrize("q_lambda", [0.0, 0.65, 1.0])
 def test_q_lambda_returns_match_a_python_loop_across_game_ends_lives_and_autoresets(q_lambda):
     rollout = autoreset_rollout()
