@@ -15,10 +15,9 @@ first_0 against a uniformly random second_0. Checkpoints hold the emulators' ful
 
     uv run --all-extras python cleanrl/ppo_pettingzoo_ma_atari.py --env-id pong_v3 --total-timesteps 20000000
 
-Differences from CleanRL's file: ALE's grayscale (not the blue channel); the indicator planes divided by 255 like the
-frames (CleanRL divides only the frames, so its planes reach the network as 255); no SuperSuit vec env (its same-step
-autoreset loses a truncated game's final observation, its episode statistics are of clipped rewards), truncation
-bootstrapped, the step after a game's end dropped.
+Differences from CleanRL's file: ALE's grayscale (not the blue channel); no SuperSuit vec env (its same-step autoreset
+loses a truncated game's final observation, its episode statistics are of clipped rewards), truncation bootstrapped,
+the step after a game's end dropped.
 Results (against a random opponent) in benchmark/results/ppo_pettingzoo_ma_atari.md.
 """
 
@@ -142,8 +141,8 @@ def validate(args: Args) -> None:
 
 def add_agent_indicators(frames: torch.Tensor, n_agents: int) -> torch.Tensor:
     """[num_games * n_agents, C, H, W] uint8 frames (slot g * n_agents + i is agent i of game g) -> [.., C + n_agents,
-    H, W]: after the frames, one plane per agent, 255 all over agent i's own plane and 0 in the others (SuperSuit's
-    agent_indicator_v0 with type_only=False on uint8 frames, channels first)."""
+    H, W]: after the frames, one plane per agent, 255 all over agent i's own plane and 0 in the others. Scaled with
+    the frames, it reaches the network as 1, as SuperSuit 3.4's agent_indicator_v0 (CleanRL's pin) writes it."""
     slots, _, height, width = frames.shape
     agent = torch.arange(slots, device=frames.device) % n_agents
     planes = 255 * nn.functional.one_hot(agent, n_agents).to(frames.dtype)
