@@ -9,11 +9,12 @@ RUN apt-get update \
         libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libgles2 libglib2.0-0 libqt5gui5 \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
-ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy MUJOCO_GL=egl SDL_VIDEODRIVER=dummy PYTHONUNBUFFERED=1
-# The dependencies first (a layer that changes only with uv.lock), then the project.
+ENV UV_LINK_MODE=copy MUJOCO_GL=egl SDL_VIDEODRIVER=dummy PYTHONUNBUFFERED=1
+# The dependencies first (a layer that changes only with uv.lock), then the project; compiled to bytecode in the image
+# (at build time only: a `uv run` with UV_COMPILE_BYTECODE set would recompile everything at each start).
 COPY pyproject.toml uv.lock README.md ./
-RUN uv sync --frozen --all-extras --no-dev --no-install-project
+RUN uv sync --frozen --all-extras --no-dev --no-install-project --compile-bytecode
 COPY . .
-RUN uv sync --frozen --all-extras --no-dev
+RUN uv sync --frozen --all-extras --no-dev --compile-bytecode
 ENV PATH="/app/.venv/bin:$PATH"
 CMD ["python", "-m", "cleanrl_utils.submit", "--help"]
