@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU measurements of issue 14 (ElegantRL's list): PointChasing-v0's raw SPS at 1, 64, 4096 and 65536 copies of the
-# batched env on the GPU, then REDQ, SAC and CrossQ (issue 35) on Hopper-v5 for SECONDS_PER_RUN of wall time each
+# GPU measurements of what came from ElegantRL's list: PointChasing-v0's raw SPS at 1, 64, 4096 and 65536 copies of
+# the batched env on the GPU, then REDQ, SAC and CrossQ on Hopper-v5 for SECONDS_PER_RUN of wall time each
 # (default 180), stopped with SIGTERM (the scripts checkpoint and exit 0): the steps each reached and the return, with
 # cleanrl_utils.results into $RESULTS/redq_gpu.md (REDQ makes 20 updates of 10 critics per step, SAC 1 of 2, CrossQ 1
 # of 2 critics 2048 wide on a joint batch of 512: 0.78 s per step on one CPU core here).

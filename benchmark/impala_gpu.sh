@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# impala_atari.py on a GPU node (issue 16, acceptance 4): ACTORS CPU actors (default 14, on a 16-core node: the
+# impala_atari.py on a GPU node (its GPU acceptance check): ACTORS CPU actors (default 14, on a 16-core node: the
 # learner and Ray's own processes keep the other two) feeding the GPU learner on BreakoutNoFrameskip-v4, the script's
 # defaults otherwise (8 games an actor, unroll 20, 4 rollouts = 32 unrolls an update), for SECONDS_PER_RUN of wall
 # time (default 180), then SIGTERM (the script checkpoints and exits 0). Reports the learner's updates/s, the env SPS

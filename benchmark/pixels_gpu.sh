@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU measurements of the pixel scripts at CleanRL's settings (the scripts' defaults), each for SECONDS_PER_RUN of
 # wall time (default 120), then stopped with SIGTERM (the scripts checkpoint and exit 0): dqn_atari.py and
-# pqn_atari.py on BreakoutNoFrameskip-v4 (issue 12), ppo_atari_envpool.py on Breakout-v5 and ppo_procgen.py on
-# StarpilotEasy-v0 (issue 13). Reports SPS and the score reached (mean of the last 100 episodes, or as many as there
+# pqn_atari.py on BreakoutNoFrameskip-v4, ppo_atari_envpool.py on Breakout-v5 and ppo_procgen.py on
+# StarpilotEasy-v0. Reports SPS and the score reached (mean of the last 100 episodes, or as many as there
 # were) with cleanrl_utils.results into $RESULTS/pixels_gpu.md, beside CleanRL's figures (../shared/BENCHMARKS.md:
 # dqn_atari Breakout 366.93 +- 39.89 at 10M; envpool PPO ~1,000 SPS, LeanRL's eager PPO Atari 1,022 SPS).
 # Called by benchmark/gpu/run_all.sh with the node's python3 and the kit on PYTHONPATH; alone:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ppo_isaacgym.py on the CPU with MuJoCo Warp (no GPU): the item 3.
+# ppo_isaacgym.py on the CPU with MuJoCo Warp (no GPU): the two CPU checks below.
 #  1. Ant with 256 environments for 200k steps must complete (seed 1).
 #  2. SPS at 64, 256 and 1024 environments: training (ppo_isaacgym.py, 6 iterations of 16 steps,
 #     the SPS the script logs at the end) beside the raw simulator (MuJoCoWarpVecEnv stepped with

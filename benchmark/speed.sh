@@ -37,7 +37,7 @@ PY
     rm -rf "$tmp"
 }
 
-# The issues' speed settings: discrete scripts 100k steps on CartPole-v1; SAC / TD3 / DDPG 15k steps
+# The settings of the speed targets: discrete scripts 100k steps on CartPole-v1; SAC / TD3 / DDPG 15k steps
 # on Pendulum-v1 with 5000 random steps first (SAC's default; TD3's and DDPG's default of 25000
 # exceeds the run); PPO continuous 50k steps on Hopper-v5. Everything else at the defaults.
 names=("${@:2}")

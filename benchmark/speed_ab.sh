@@ -3,8 +3,8 @@
 #   bash benchmark/speed_ab.sh BEFORE_REV [repeats] [name ...]
 # BEFORE_REV is checked out as a git worktree in a temporary folder; each repeat runs every name there
 # ("before") and here ("after"), one after another, through benchmark/speed.sh (rows go to
-# benchmark/results/speed_log.md). Issue 11's settings: ppo CartPole-v1 100k; sac and td3 Pendulum-v1 10k
-# with 5k random steps; ppo_continuous_action Hopper-v5 50k.
+# benchmark/results/speed_log.md). The settings of the script pattern change's A/B (speed.md): ppo CartPole-v1
+# 100k; sac and td3 Pendulum-v1 10k with 5k random steps; ppo_continuous_action Hopper-v5 50k.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 before_rev=$1

@@ -1,7 +1,7 @@
 """COMPARISON BASELINE ONLY -- not an algorithm script of this project (use cleanrl/dqn.py to train).
 
-The straightforward eager DQN that cleanrl/dqn.py's speed is measured against (issue 17): CleanRL's dqn.py
-(https://github.com/vwxyzjn/cleanrl/blob/master/cleanrl/dqn.py) at the same hyperparameters, written plainly as
+The straightforward eager DQN that cleanrl/dqn.py's speed is measured against (benchmark/results/speed.md): CleanRL's
+dqn.py (https://github.com/vwxyzjn/cleanrl/blob/master/cleanrl/dqn.py) at the same hyperparameters, written plainly as
 CleanRL writes it: per-step Python epsilon-greedy, a numpy replay buffer (what stable-baselines3's ReplayBuffer does),
 nn.Sequential, default torch.optim.Adam (torch threads as in the script), TensorBoard scalars with .item(). Ported
 only as far as gymnasium 1.x needs (same-step autoreset, the vector RecordEpisodeStatistics). No bookkeeping beyond

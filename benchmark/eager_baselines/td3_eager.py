@@ -1,8 +1,9 @@
 """COMPARISON BASELINE ONLY -- not an algorithm script of this project (use cleanrl/td3_continuous_action.py).
 
-The straightforward eager TD3 that cleanrl/td3_continuous_action.py's speed is measured against (issue 17): CleanRL's
-td3_continuous_action.py (https://github.com/vwxyzjn/cleanrl/blob/master/cleanrl/td3_continuous_action.py) at the same
-hyperparameters, written plainly as CleanRL writes it: two separate critics, a numpy replay buffer (what
+The straightforward eager TD3 that cleanrl/td3_continuous_action.py's speed is measured against
+(benchmark/results/speed.md): CleanRL's td3_continuous_action.py
+(https://github.com/vwxyzjn/cleanrl/blob/master/cleanrl/td3_continuous_action.py) at the same hyperparameters, written
+plainly as CleanRL writes it: two separate critics, a numpy replay buffer (what
 stable-baselines3's ReplayBuffer does), default torch.optim.Adam (torch threads as in the script), per-parameter
 Polyak loops, TensorBoard scalars with .item(). Ported only as far as gymnasium 1.x needs. No bookkeeping beyond
 TensorBoard.
