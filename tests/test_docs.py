@@ -1,6 +1,7 @@
 """The documentation site: it builds with `mkdocs build --strict` (no broken link, anchor or missing page), every script
-has its page, the generator refuses what would drift (a script without notes, a line reference that no longer
-resolves), and the built pages render in headless Chromium: a title, the results tables, images that loaded."""
+has its page and one place in the navigation's families, the generator refuses what would drift (a script without
+notes or without a family, a line reference that no longer resolves), and the built pages render in headless
+Chromium: a title, the results tables, images that loaded."""
 
 from __future__ import annotations
 
@@ -61,6 +62,56 @@ def test_a_script_added_without_notes_fails_the_build(tmp_path, monkeypatch):
     monkeypatch.setattr(generate, "SCRIPTS", scripts)
     with pytest.raises(generate.DocsError, match=r"my_new_algorithm\.py has no notes page"):
         generate.generated_pages()
+
+
+def test_the_navigation_lists_every_script_once_in_a_family():
+    from mkdocs.config import load_config
+
+    config = load_config(str(ROOT / "mkdocs.yml"))
+    config = config.plugins.on_config(config)  # the hook fills the Algorithms section, as in a build
+    algorithms = next(entry["Algorithms"] for entry in config["nav"] if "Algorithms" in entry)
+    assert algorithms[0] == "algorithms.md"
+    families = algorithms[1:]
+    assert [next(iter(family)) for family in families] == list(load_generator().FAMILIES)
+    in_families = [
+        page for family in families for entries in family.values() for entry in entries for page in entry.values()
+    ]
+
+    def pages(nav):  # every page of the whole navigation, at any depth
+        for entry in nav:
+            values = entry.values() if isinstance(entry, dict) else [entry]
+            for value in values:
+                yield from pages(value) if isinstance(value, list) else [value]
+
+    every = [page for page in pages(config["nav"]) if page.startswith("scripts/")]
+    expected = sorted(f"scripts/{p.stem}.md" for p in SCRIPTS)
+    assert sorted(every) == sorted(in_families) == expected  # none missing, none twice, none outside a family
+
+
+def test_a_script_without_a_family_fails_the_build(tmp_path, monkeypatch):
+    generate = load_generator()
+    scripts = tmp_path / "cleanrl"
+    scripts.mkdir()
+    for name in ("dqn.py", "ppo.py", "my_new_algorithm.py"):
+        (scripts / name).write_text('"""A script."""\n')
+    monkeypatch.setattr(generate, "SCRIPTS", scripts)
+    monkeypatch.setattr(generate, "FAMILIES", {"Classic control": ["dqn"], "Other": ["ppo"]})
+    nav = lambda: [{"Algorithms": ["algorithms.md"]}]  # noqa: E731
+    with pytest.raises(generate.DocsError, match=r"cleanrl/my_new_algorithm\.py: no family"):
+        generate.on_config({"nav": nav()})
+    (scripts / "my_new_algorithm.py").unlink()
+    monkeypatch.setattr(generate, "FAMILIES", {"Classic control": ["dqn", "ppo"], "Other": ["ppo"]})
+    with pytest.raises(generate.DocsError, match="lists ppo in more than one place"):
+        generate.on_config({"nav": nav()})
+    monkeypatch.setattr(generate, "FAMILIES", {"Classic control": ["dqn", "ppo"]})
+    assert generate.on_config({"nav": nav()})["nav"] == [
+        {
+            "Algorithms": [
+                "algorithms.md",
+                {"Classic control": [{"dqn.py": "scripts/dqn.md"}, {"ppo.py": "scripts/ppo.md"}]},
+            ]
+        }
+    ]
 
 
 def test_line_references_resolve_to_exactly_one_line():

@@ -5,7 +5,7 @@ Nothing generated here is copied by hand, so it cannot drift from the code and t
 - one page per script in cleanrl/, `scripts/<stem>.md`: its docstring (the algorithm, the paper, the command), the
   implementation notes of docs/scripts/<stem>.md, the hyperparameters of its `Args` (read with `ast`: no import),
   the results files the README's algorithm table links for it, the rows of the README's `--resume` table for its
-  environments, and its source with line numbers;
+  environments, and its source with line numbers; the sidebar lists these pages by family (`FAMILIES`);
 - every file under benchmark/results/ as `results/...` (tables as pages, curves and CSVs as they are), and
   benchmark/gpu/README.md as `gpu.md`;
 - in a hand-written page, `<!-- readme: Section title -->` becomes that section of README.md (down to the next
@@ -46,6 +46,42 @@ RESUME_ROWS = {
     "dm_control suite": r"dm_control",
     "MuJoCo Warp": r"MuJoCo Warp",
     "dm_control composer": r"Atari|envpool|Procgen|PyBullet|VMAS|MPE|Isaac Gym|memory-gym",
+}
+
+# The sidebar's Algorithms section: the script pages by family, as CleanRL's documentation groups them; within a
+# family, the order of the README's algorithm table. A script of cleanrl/ that no family lists fails the build, as
+# one without its notes page does.
+FAMILIES = {
+    "Classic control": ["ppo", "dqn", "d3qn", "c51", "pqn"],
+    "Continuous control": [
+        "ppo_continuous_action",
+        "rpo_continuous_action",
+        "td3_continuous_action",
+        "ddpg_continuous_action",
+        "sac_continuous_action",
+        "redq_continuous_action",
+        "crossq_continuous_action",
+    ],
+    "Pixels": [
+        "dqn_atari",
+        "c51_atari",
+        "qrdqn_atari",
+        "rainbow_atari",
+        "pqn_atari",
+        "sac_atari",
+        "ppo_atari",
+        "ppo_atari_multigpu",
+        "impala_atari",
+        "qdagger_dqn_atari_impalacnn",
+        "ppo_atari_envpool",
+        "ppo_rnd_envpool",
+        "ppo_procgen",
+        "ppg_procgen",
+    ],
+    "Memory": ["ppo_atari_lstm", "pqn_atari_envpool_lstm", "ppo_trxl"],
+    "Multi-agent": ["mappo", "qmix", "vdn", "maddpg", "matd3", "ppo_pettingzoo_ma_atari"],
+    "GPU simulators": ["ppo_isaacgym", "fast_td3_isaacgym"],
+    "ElegantRL's extras": ["ppo_continuous_action_hterm"],
 }
 
 
@@ -383,12 +419,29 @@ def on_files(files: Files, config) -> Files:
     return files
 
 
+def algorithm_nav() -> list[dict]:
+    """Every script page once, in its family: [{family: [{"x.py": "scripts/x.md"}, ...]}, ...] (FAMILIES)."""
+    stems = {p.stem for p in SCRIPTS.glob("*.py")}
+    listed = [stem for members in FAMILIES.values() for stem in members]
+    if unplaced := sorted(stems - set(listed)):
+        raise DocsError(
+            f"{', '.join(f'cleanrl/{s}.py' for s in unplaced)}: no family in the site's navigation "
+            f"(add it to FAMILIES in docs/hooks/generate.py)"
+        )
+    if twice := sorted({stem for stem in listed if listed.count(stem) > 1}):
+        raise DocsError(f"docs/hooks/generate.py: FAMILIES lists {', '.join(twice)} in more than one place")
+    if gone := [stem for stem in listed if stem not in stems]:
+        raise DocsError(f"docs/hooks/generate.py: FAMILIES lists {', '.join(gone)}, not in cleanrl/")
+    return [
+        {family: [{f"{stem}.py": f"scripts/{stem}.md"} for stem in members]} for family, members in FAMILIES.items()
+    ]
+
+
 def on_config(config):
-    """The sidebar's Algorithms section lists every script page (nav entries are not globbed by MkDocs)."""
+    """The sidebar's Algorithms section lists every script page by family (nav entries are not globbed by MkDocs)."""
     for entry in config["nav"]:
         if isinstance(entry, dict) and "Algorithms" in entry:
-            scripts = [{p.name: f"scripts/{p.stem}.md"} for p in sorted(SCRIPTS.glob("*.py"))]
-            entry["Algorithms"] = [*entry["Algorithms"], *scripts]
+            entry["Algorithms"] = [*entry["Algorithms"], *algorithm_nav()]
     return config
 
 
