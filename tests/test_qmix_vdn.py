@@ -1,9 +1,9 @@
 """qmix.py and vdn.py: the QMIX mixture is monotonic in every agent's Q (autograd, random states and
 weights, also after optimiser steps that drive the raw hypernetwork weights negative); VDN is the sum;
 double-Q targets against a hand computation; the replay buffer; each script's own loop run under
-tests/probe.py (stored rows, every update's loss, target copies, epsilon, greedy actions); smoke runs on
-MPE and VMAS with the TensorBoard keys read back; bad input; checkpoints, SIGTERM and resume; the saved
-model's evaluation."""
+tests/probe.py (stored rows, every update's loss and gradients, none into the target networks, target copies,
+epsilon, greedy actions); smoke runs on MPE and VMAS with the TensorBoard keys read back; bad input;
+checkpoints, SIGTERM and resume; the saved model's evaluation."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from conftest import (
     run_script,
     sigterm_while_training,
 )
+from update_reference import RTOL, assert_gradients_match, gradients, leaves
 
 SCRIPTS = {"qmix": "qmix.py", "vdn": "vdn.py"}
 MODULES = {"qmix": qmix, "vdn": vdn}
@@ -231,7 +232,9 @@ def test_q_network_input_has_the_agent_id():
 # the replay buffer at the end, and at every backward() the sampled batch and the four networks. The tests replay the
 # environment with the stored actions and recompute every update's loss with plain code: the per-agent Q-network,
 # the double-Q target (online argmax per agent, target network's values, target mixer on the next global state),
-# QMIX's mixer with abs on its hypernetworks' weights and VDN's sum; target-copy timing; the epsilon schedule.
+# QMIX's mixer with abs on its hypernetworks' weights and VDN's sum; target-copy timing; the epsilon schedule. Each
+# backward()'s gradients (the probe's grads) are those of that loss in float64 with the target held constant: the agent
+# network and the mixer train together, and no gradient reaches the target networks.
 WIRING = ["--env-id", "probe/walk", "--num-envs", "4", "--total-timesteps", "400", "--learning-starts", "100"]
 WIRING += ["--batch-size", "16", "--buffer-size", "300", "--train-frequency", "4", "--target-network-frequency", "48"]
 WIRING += ["--exploration-fraction", "0.5", "--end-e", "0", "--gamma", "0.9", "--log-every", "5", "--hidden-dim", "16"]
@@ -239,6 +242,11 @@ WIRING += ["--learning-rate", "0.01"]  # weights that move: the target network a
 STEP_NAMES = ["obs", "actions", "rewards", "terminated", "final_obs", "epsilon"]
 BATCH_NAMES = ["batch", "q_network", "mixer", "target_q_network", "target_mixer"]
 GAMMA = 0.9
+# QMIX's float32 gradients are up to 2.1e-5 (hyper_b2's bias, 2.0e-5 hyper_b1's weight, 1.1e-5 the Q-network's first
+# layer) off the float64 reference's in this run: the same plain loss computed in float32 is off by the same amounts.
+# Rounding: at the end the residuals average -0.0018 against a mean magnitude of 1.4, and the biases' gradients are
+# their mean. VDN's worst is 1.1e-6 (RTOL). The mutants this check is for move a gradient by its whole norm.
+QMIX_RTOL = 1e-4
 
 
 @pytest.fixture(scope="module", params=["qmix", "vdn"])
@@ -252,6 +260,7 @@ def wiring(request, tmp_path_factory):
         cwd,
         watch=STEP_NAMES,
         at_backward=BATCH_NAMES,
+        grads=BATCH_NAMES[1:],
         final=["rb"],
         preload=["probe_multiagent_envs"],
     )
@@ -269,7 +278,7 @@ def plain_relu_mlp(weights: dict, prefix: str, x: torch.Tensor, layers: tuple[in
 
 def plain_q(weights: dict, obs: torch.Tensor) -> torch.Tensor:
     """Every agent's Q-values from [own observation, one-hot id], [..., n_agents, num_actions]."""
-    ids = torch.eye(obs.shape[-2]).expand(*obs.shape[:-1], obs.shape[-2])
+    ids = torch.eye(obs.shape[-2], dtype=obs.dtype).expand(*obs.shape[:-1], obs.shape[-2])
     return plain_relu_mlp(weights, "network.", torch.cat([obs, ids], -1), (0, 2, 4))
 
 
@@ -341,7 +350,7 @@ def test_epsilon_decays_linearly_and_the_greedy_actions_are_the_online_networks_
     assert target_differs >= 5, "the target network should act otherwise at times, for this test to mean anything"
 
 
-def test_each_update_regresses_the_mixed_online_q_on_the_double_q_target(wiring):
+def test_each_gradient_step_regresses_the_mixed_online_q_on_the_double_q_target_held_constant(wiring):
     transitions = set()
     for entry, env in zip(wiring.loop, replayed(wiring)):
         for world in range(4):
@@ -357,16 +366,32 @@ def test_each_update_regresses_the_mixed_online_q_on_the_double_q_target(wiring)
             key = (batch["obs"][i].numpy().tobytes(), tuple(batch["actions"][i].tolist()), batch["rewards"][i].item())
             key += (batch["terminated"][i].item(), batch["next_obs"][i].numpy().tobytes())
             assert key in transitions, "a sampled row is not a transition the env produced"
+        where = f"update at step {update['step']}"
+        obs, next_obs = batch["obs"].double(), batch["next_obs"].double()
         with torch.no_grad():
-            # Double Q: each agent's next action by the online network, valued by the target network, mixed by
-            # the target mixer on the next global state; no bootstrap after a termination.
+            # Double Q: each agent's next action by the online network (picked in float32, as the script picks it),
+            # valued by the target network, mixed by the target mixer on the next global state; no bootstrap after a
+            # termination. A constant.
             next_actions = plain_q(update["q_network"], batch["next_obs"]).argmax(-1, keepdim=True)
-            next_q = plain_q(update["target_q_network"], batch["next_obs"]).gather(-1, next_actions).squeeze(-1)
-            next_tot = plain_mix(wiring.algo, update["target_mixer"], next_q, batch["next_obs"])
-            target = batch["rewards"] + GAMMA * (1 - batch["terminated"]) * next_tot
-            chosen = plain_q(update["q_network"], batch["obs"]).gather(-1, batch["actions"].unsqueeze(-1)).squeeze(-1)
-            q_tot = plain_mix(wiring.algo, update["mixer"], chosen, batch["obs"])
-        assert update["loss"].item() == pytest.approx(((q_tot - target) ** 2).mean().item(), rel=1e-5)
+            target_q, target_mixer = leaves(update["target_q_network"]), leaves(update["target_mixer"])
+            next_q = plain_q(target_q, next_obs).gather(-1, next_actions).squeeze(-1)
+            next_tot = plain_mix(wiring.algo, target_mixer, next_q, next_obs)
+            target = batch["rewards"].double() + GAMMA * (1 - batch["terminated"].double()) * next_tot
+        # The agent network and the mixer in one graph: Q_tot of the chosen actions, regressed on the target.
+        q_weights, mixer_weights = leaves(update["q_network"]), leaves(update["mixer"])
+        chosen = plain_q(q_weights, obs).gather(-1, batch["actions"].unsqueeze(-1)).squeeze(-1)
+        q_tot = plain_mix(wiring.algo, mixer_weights, chosen, obs)
+        loss = ((q_tot - target) ** 2).mean()
+        grads, reference = update["grads"], gradients(loss, q_weights | mixer_weights)  # no name in both
+        rtol = QMIX_RTOL if wiring.algo == "qmix" else RTOL
+        assert_gradients_match(grads["q_network"], reference, where, rtol)
+        if wiring.algo == "qmix":  # VDN's sum has no parameters
+            assert_gradients_match(grads["mixer"], reference, where, rtol)
+        assert grads["target_q_network"].keys() == update["target_q_network"].keys()
+        for name in ("target_q_network", "target_mixer"):
+            got = [grad for grad in grads[name].values() if grad is not None and grad.any()]
+            assert not got, f"{where}: a gradient reached the {name}"
+        assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-5), where
         terminal_targets += int(batch["terminated"].sum())
     assert terminal_targets > 0, "some sampled transitions should end an episode"
 
