@@ -1,5 +1,6 @@
 """sac_continuous_action.py: its own loop under tests/probe.py (stored rows, acting, every critic loss, every policy
-and alpha loss and Adam step against plain references, Polyak timing); smoke runs (classic control, MuJoCo,
+and alpha loss, their gradients and Adam steps against plain references, the critics unmoved by the policy step, no
+gradient into the targets, Polyak timing); smoke runs (classic control, MuJoCo,
 dm_control), the squashed Gaussian and the soft Q target against their definitions, the twin critics against two
 plain q_networks, the replay buffer's named fields, bad input, checkpoints and exact resume, learning."""
 
@@ -23,6 +24,7 @@ from conftest import (
     run_script,
     sigterm_while_training,
 )
+from update_reference import assert_gradients_match, assert_unchanged, gradients, leaves
 
 SCRIPT = "sac_continuous_action.py"
 SMALL = ["--batch-size", "32", "--buffer-size", "1000"]
@@ -45,7 +47,8 @@ SAC_KEYS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", *L
 # by termination or truncation, asymmetric action bounds), 2 envs: 88 steps of random actions, then 16 critic steps,
 # 8 rounds of 2 policy steps and a Polyak update every 2nd critic step (--target-network-frequency 2). The tests
 # rebuild what the loop stored and computed from the copies with plain references (tests/continuous_reference.py)
-# that read the networks from their state dicts. The run logs once (step 100): its TensorBoard keys are checked too.
+# that read the networks from their state dicts; each backward()'s gradients are compared with a float64 reference
+# loss's. The run logs once (step 100): its TensorBoard keys are checked too.
 PROBE_FLAGS = ["--env-id", "ProbeDrift-v0", "--num-envs", "2", "--buffer-size", "120", "--batch-size", "16"]
 PROBE_FLAGS += ["--learning-starts", "88", "--total-timesteps", "104", "--gamma", "0.9", "--tau", "0.1"]
 PROBE_FLAGS += ["--target-network-frequency", "2"]
@@ -67,6 +70,7 @@ def probed(tmp_path_factory):
         cwd,
         watch=PROBE_STEP_NAMES,
         at_backward=PROBE_AT_BACKWARD,
+        grads=["qf", "actor", "log_alpha", "qf_target"],
         final=["rb"],
         preload=["probe_box_envs"],
     )
@@ -111,6 +115,20 @@ def policy_entries(trace) -> list[dict]:
     return [entry for entry in trace.backward if entry["where"] == "update_actor"]
 
 
+def assert_no_gradient(grads: dict, where: str) -> None:
+    """No gradient reached these parameters: their recorded .grad is None (or zero)."""
+    reached = [name for name, grad in grads.items() if grad is not None and grad.any()]
+    assert not reached, f"{where}: {', '.join(reached)} got a gradient"
+
+
+def assert_same_gradient(got, before, where: str) -> None:
+    """A recorded .grad (a tensor, or a module's dict of them) is what an earlier backward left: nothing was added."""
+    got, before = (value if isinstance(value, dict) else {"": value} for value in (got, before))
+    for name, grad in got.items():
+        same = grad is None and before[name] is None or grad is not None and torch.equal(grad, before[name])
+        assert same, f"{where}: {name} got a gradient"
+
+
 def test_each_critic_step_regresses_on_the_soft_target_of_the_next_action_from_real_transitions(probed):
     trace, _ = probed
     rows = plain.buffer_rows(trace.final["rb"], 4, 2)
@@ -118,12 +136,18 @@ def test_each_critic_step_regresses_on_the_soft_target_of_the_next_action_from_r
     updates = critic_entries(trace)
     assert [entry["t"] for entry in updates] == list(range(LEARNING_STARTS + 1, 105))  # one per env step
     terminal_targets = 0
-    for entry in updates:
-        batch = entry["batch"]
+    # The policy's and alpha's gradients as the latest policy step left them (none before the first).
+    left = {"actor": dict.fromkeys(ACTOR_PARAMETERS), "log_alpha": None}
+    for entry in trace.backward:
+        if entry["where"] == "update_actor":
+            left = entry["grads"]
+            continue
+        batch, where = entry["batch"], f"update {entry['t']}"
         assert all(plain.row_key(batch, i) in stored for i in range(16)), "a sampled row was never stored"
         assert torch.equal(entry["alpha"], entry["log_alpha"].exp())  # alpha follows log_alpha
         alpha = entry["log_alpha"].double().exp()
-        with torch.no_grad():
+        qf = leaves(entry["qf"])
+        with torch.no_grad():  # the target held constant, from the target critics and the policy
             # a' ~ pi(.|s') from this step's noise; the entropy term takes the log-probability of a', not of a.
             next_actions, next_log_prob = plain.squashed_gaussian(entry["actor"], batch["next_obs"], entry["noise"])
             next_q = torch.minimum(
@@ -131,11 +155,15 @@ def test_each_critic_step_regresses_on_the_soft_target_of_the_next_action_from_r
             )
             soft_value = next_q - alpha * next_log_prob
             target = batch["rewards"].double() + GAMMA * (1 - batch["terminations"].double()) * soft_value
-            expected = sum(
-                ((plain.stacked_critic(entry["qf"], i, batch["obs"], batch["actions"]) - target) ** 2).mean()
-                for i in (0, 1)
-            )
-        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), f"update {entry['t']}"
+        expected = sum(
+            ((plain.stacked_critic(qf, i, batch["obs"], batch["actions"]) - target) ** 2).mean() for i in (0, 1)
+        )
+        assert_gradients_match(entry["grads"]["qf"], gradients(expected, qf), where)
+        # No gradient through the target: none reaches the target critics, none is added to the policy's or alpha's.
+        assert_no_gradient(entry["grads"]["qf_target"], where)
+        assert_same_gradient(entry["grads"]["actor"], left["actor"], where)
+        assert_same_gradient(entry["grads"]["log_alpha"], left["log_alpha"], where)
+        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), where
         terminal_targets += int(batch["terminations"].sum())
     assert terminal_targets > 10, "sampled transitions should end episodes"
     assert updates[-1]["alpha"].item() < 1.0  # alpha (from 1) was tuned
@@ -161,10 +189,24 @@ def test_the_policy_and_alpha_take_policy_frequency_steps_every_policy_frequency
             q = torch.minimum(*(plain.stacked_critic(entry["qf"], i, obs, actions) for i in (0, 1)))
             return (alpha * log_prob - q).mean(), log_prob
 
+        where = f"policy step {k} at t={entry['t']}"
+        # The one backward of the policy loss plus alpha's: alpha a constant in the first, the critics' weights
+        # constants, and the log-probabilities constants in alpha's (only log_alpha gets its gradient).
+        params = leaves(entry["actor"]) | {"log_alpha": entry["log_alpha"].double().requires_grad_(True)}
+        reference_loss, reference_log_prob = policy_loss(params)
+        reference_alpha_loss = (-params["log_alpha"].exp() * (reference_log_prob.detach() + TARGET_ENTROPY)).mean()
+        reference = gradients(reference_loss + reference_alpha_loss, params)
+        assert_gradients_match(entry["grads"]["actor"], reference, where)
+        assert_gradients_match({"log_alpha": entry["grads"]["log_alpha"]}, reference, where)
+        # The critics are held still: no gradient added to theirs (as their own step left it), none to the targets',
+        # and their weights are those the next critic step starts from.
+        assert_same_gradient(entry["grads"]["qf"], by_t[entry["t"]]["grads"]["qf"], where)
+        assert_no_gradient(entry["grads"]["qf_target"], where)
+        if entry["t"] + 1 in by_t:
+            assert_unchanged(entry["qf"], by_t[entry["t"] + 1]["qf"], where)
         with torch.no_grad():
             loss, log_prob = policy_loss(entry["actor"])
             alpha_loss = (-alpha * (log_prob + TARGET_ENTROPY)).mean()
-        where = f"policy step {k} at t={entry['t']}"
         assert entry["actor_loss"].item() == pytest.approx(loss.item(), rel=1e-5), where
         assert entry["alpha_loss"].item() == pytest.approx(alpha_loss.item(), rel=1e-5), where
         assert entry["loss"].item() == pytest.approx((loss + alpha_loss).item(), rel=1e-5, abs=1e-6), where
