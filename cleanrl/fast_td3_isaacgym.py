@@ -14,10 +14,15 @@ vector envs (cleanrl_utils/envs/). Checkpoints hold the replay buffer and the si
 
     uv run python cleanrl/fast_td3_isaacgym.py --env-id Humanoid
     uv run python cleanrl/fast_td3_isaacgym.py --simulator gymnasium --env-id Hopper-v5 --num-envs 16 \\
-        --batch-size 256 --buffer-size 20000 --learning-starts 5000 --v-min -100 --v-max 400
+        --batch-size 256 --buffer-size 20000 --learning-starts 5000
 
-Unlike the authors' code, an n-step window stops at any episode end (theirs runs on past a truncation) and at the
-newest step stored, and only the observations acted on update the running statistics.
+The critics' support fits the task (--v-min/--v-max default to its per-step reward range over 1 - gamma, as the
+authors size theirs per suite), and the log line reports n-step targets beyond it, which the projection clamps. Unlike
+the authors' code: while the buffer fills, a window may start at any stored step, cut at the newest (theirs start
+n - 1 steps before it at the latest); only the observations acted on update the running statistics, merged with the
+exact parallel-variance formula (theirs measures the batch's mean shift after moving the mean); Isaac Gym's step
+after an episode's end (it acted on the final observation and landed after the reset) is stored but kept out of the
+critics' loss.
 """
 
 import importlib.util
@@ -110,10 +115,10 @@ class Args:
     """AdamW's weight decay, for both"""
     num_atoms: int = 101
     """the atoms of each critic's return distribution"""
-    v_min: float = -250.0
-    """the lowest return the critics' support can represent (cover the task's returns)"""
-    v_max: float = 250.0
-    """the highest return the critics' support can represent"""
+    v_min: Optional[float] = None
+    """the lowest return the critics' support can represent (None: the task's, from REWARD_RANGES)"""
+    v_max: Optional[float] = None
+    """the highest return the critics' support can represent (None: the task's, from REWARD_RANGES)"""
     critic_hidden: int = 1024
     """the width of the critics' first layer (then halved twice)"""
     actor_hidden: int = 512
@@ -146,6 +151,28 @@ class Args:
 
 
 # --- the simulators ---------------------------------------------------------------------------------
+
+# Per-step rewards a run reaches on each task, low and high: the critics' support is this range over 1 - gamma (the
+# bound of a discounted return), so that it covers the task's returns as the authors' per-suite presets do theirs.
+# MuJoCo (MuJoCo Warp's tasks and gymnasium's v5 ids): the alive bonus plus the forward velocity, e.g. Humanoid 5 +
+# 1.25 v, and returns of good policies over 1,000 steps (HalfCheetah ~12k, Humanoid ~8k). Isaac Gym's Ant and Humanoid
+# (isaacgymenvs): progress toward the target plus alive and heading terms, returns up to ~10k over 1,000 steps.
+REWARD_RANGES = {
+    "mujoco": {"Ant": (-2.0, 8.0), "Humanoid": (-1.0, 12.0), "Hopper": (-1.0, 5.0), "HalfCheetah": (-2.0, 15.0)}
+    | {"Walker2d": (-1.0, 8.0)},
+    "isaacgym": {"Ant": (-2.0, 10.0), "Humanoid": (-2.0, 10.0)},
+}
+DEFAULT_SUPPORT = (-250.0, 250.0)  # the authors' default (their HumanoidBench setting), for tasks not listed above
+
+
+def task_support(simulator: str, env_id: str, gamma: float) -> tuple:
+    """The critics' support (v_min, v_max) for a task: its REWARD_RANGES entry over 1 - gamma (gymnasium's MuJoCo ids
+    by their name, Hopper-v5 as Hopper), else DEFAULT_SUPPORT."""
+    family, name = ("isaacgym", env_id) if simulator == "isaacgym" else ("mujoco", env_id.split("-v")[0])
+    if name not in REWARD_RANGES[family]:
+        return DEFAULT_SUPPORT
+    low, high = REWARD_RANGES[family][name]
+    return low / (1 - gamma), high / (1 - gamma)
 
 
 def resolve_simulator(simulator: str) -> str:
@@ -182,6 +209,13 @@ def validate(args: Args) -> str:
         fail("--capture-video is not supported by fast_td3_isaacgym.py; record videos with td3_continuous_action.py")
     if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
         fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
+    simulator = resolve_simulator(args.simulator)
+    if args.v_min is None or args.v_max is None:  # the task's support, where not given
+        if args.gamma == 1:
+            fail("--gamma 1 puts no bound on the returns: give the critics' support with --v-min and --v-max")
+        v_min, v_max = task_support(simulator, args.env_id, args.gamma)
+        args.v_min = v_min if args.v_min is None else args.v_min
+        args.v_max = v_max if args.v_max is None else args.v_max
     if not args.v_min < args.v_max or args.num_atoms < 2:
         support = f"--v-min {args.v_min}, --v-max {args.v_max}, --num-atoms {args.num_atoms}"
         fail(f"the support needs --v-min < --v-max and at least 2 atoms, got {support}")
@@ -191,7 +225,6 @@ def validate(args: Args) -> str:
         fail(f"--batch-size {args.batch_size} is below --num-envs {args.num_envs}: each update draws from every env")
     if args.n_steps > args.buffer_size:
         fail(f"--n-steps {args.n_steps} is longer than the --buffer-size {args.buffer_size} steps kept per env")
-    simulator = resolve_simulator(args.simulator)
     if simulator == "isaacgym" and not isaacgym_available():
         fail(ISAACGYM_INSTALL)
     if simulator == "mujoco-warp" and importlib.util.find_spec("mujoco_warp") is None:
@@ -225,7 +258,7 @@ def validate(args: Args) -> str:
 
 class ObservationNormalizer(nn.Module):
     """Running mean and variance of the observations acted on (float64, merged batch by batch with the parallel-variance
-    formula); normalise as (x - mean) / (std + 0.01), the authors' EmpiricalNormalization (variance floored at 1e-4)."""
+    formula); normalise as (x - mean) / (std + 0.01), as the authors' EmpiricalNormalization does."""
 
     def __init__(self, obs_dim: int):
         super().__init__()
@@ -244,7 +277,7 @@ class ObservationNormalizer(nn.Module):
         self.count.copy_(total)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ((x - self.mean) / (self.var.clamp(min=1e-4).sqrt() + 0.01)).float()
+        return ((x - self.mean) / (self.var.sqrt() + 0.01)).float()
 
 
 def relu_layers(in_dim: int, hidden: int) -> List[nn.Module]:
@@ -292,11 +325,13 @@ class Actor(nn.Module):
 
 class ReplayBuffer:
     """The last `buffer_size` steps of every environment, as device tensors [num_envs, buffer_size, ...]: the
-    observation acted on, the action in [-1, 1], the reward, whether the step terminated or truncated its episode, and
-    the true next observation (the final one where the episode ended). Written one column (all environments) per
-    step; sampled evenly per environment."""
+    observation acted on, the action in [-1, 1], the reward, whether the step terminated or truncated its episode, the
+    true next observation (the final one where the episode ended), and whether the step was a simulator's reset step
+    (Isaac Gym resets an ended episode during the next step, which acts on the final observation and lands on the new
+    episode: no transition of either). Written one column (all environments) per step; sampled evenly per
+    environment."""
 
-    FIELDS = ("obs", "actions", "rewards", "terminations", "truncations", "next_obs")
+    FIELDS = ("obs", "actions", "rewards", "terminations", "truncations", "next_obs", "reset_steps")
 
     def __init__(self, num_envs: int, buffer_size: int, obs_dim: int, act_dim: int, device: torch.device):
         rows = (num_envs, buffer_size)
@@ -306,10 +341,11 @@ class ReplayBuffer:
         self.terminations = torch.zeros(rows, dtype=torch.bool, device=device)
         self.truncations = torch.zeros(rows, dtype=torch.bool, device=device)
         self.next_obs = torch.zeros(rows + (obs_dim,), device=device)
+        self.reset_steps = torch.zeros(rows, dtype=torch.bool, device=device)
         self.num_envs, self.buffer_size, self.pos, self.size = num_envs, buffer_size, 0, 0
 
-    def add(self, obs, actions, rewards, terminations, truncations, next_obs) -> None:
-        for name, value in zip(self.FIELDS, (obs, actions, rewards, terminations, truncations, next_obs)):
+    def add(self, obs, actions, rewards, terminations, truncations, next_obs, reset_steps) -> None:
+        for name, value in zip(self.FIELDS, (obs, actions, rewards, terminations, truncations, next_obs, reset_steps)):
             getattr(self, name)[:, self.pos] = value
         self.pos = (self.pos + 1) % self.buffer_size
         self.size = min(self.size + 1, self.buffer_size)
@@ -321,8 +357,9 @@ class ReplayBuffer:
 
     def n_step_window(self, starts: torch.Tensor, n_steps: int, gamma: float):
         """The n-step transitions starting at the columns `starts` [num_envs, k] of each environment, flattened to
-        [num_envs * k]: (obs, actions, n-step discounted rewards, the bootstrap's discount, next_obs). A window of up
-        to `n_steps` steps stops at the first step that ends its episode (a termination or a truncation) and at the
+        [num_envs * k]: (obs, actions, n-step discounted rewards, the bootstrap's discount, next_obs, and a weight: 0
+        for a window that starts at a reset step, which learns nothing, 1 otherwise). A window of up to `n_steps`
+        steps stops at the first step that ends its episode (a termination or a truncation) and at the
         newest step stored; it bootstraps from the true next observation of its last step with discount
         gamma^length, unless that step terminated (discount 0)."""
         device = self.rewards.device
@@ -347,6 +384,7 @@ class ReplayBuffer:
             n_step_rewards,
             discounts,
             self.next_obs[envs, last_rows],
+            (~self.reset_steps[envs, starts]).float(),
         )
         return tuple(x.flatten(0, 1) for x in out)
 
@@ -452,8 +490,9 @@ if __name__ == "__main__":
         if args.max_grad_norm > 0:
             nn.utils.clip_grad_norm_(parameters, args.max_grad_norm)
 
-    def update_critic(obs, actions, rewards, discounts, next_obs, smoothing_noise) -> torch.Tensor:
-        """One AdamW step of both critics towards the projected n-step target; their cross-entropies [2]."""
+    def update_critic(obs, actions, rewards, discounts, next_obs, weights, smoothing_noise) -> tuple:
+        """One AdamW step of both critics towards the projected n-step target, averaged over the windows of weight 1;
+        their cross-entropies [2], and the fractions of targets above and below the support [2]."""
         with torch.no_grad(), autocast:
             # No target policy: the policy's own next actions, smoothed by clipped noise (TD3's regulariser).
             next_actions = (actor(next_obs) + smoothing_noise.clamp(-args.noise_clip, args.noise_clip)).clamp(-1, 1)
@@ -461,17 +500,21 @@ if __name__ == "__main__":
             targets = torch.stack(
                 [project_distribution(p, rewards, discounts, qnet_target.support) for p in next_probs]
             )
+            next_q = (next_probs * qnet_target.support).sum(-1)  # [2, batch]
             if args.use_cdq:  # both critics learn the projected distribution of the one whose mean is lower
-                next_q = (next_probs * qnet_target.support).sum(-1)
                 targets = torch.where((next_q[0] < next_q[1]).view(1, -1, 1), targets[0], targets[1])
+                next_q = next_q.amin(0)
+            # The targets' means before projection: beyond the support the projection clamps them (reported).
+            target_q = rewards + discounts * next_q
+            beyond = torch.stack([(target_q > args.v_max).float().mean(), (target_q < args.v_min).float().mean()])
         with autocast:
             log_probs = torch.log_softmax(qnet(obs, actions).float(), dim=-1)
-        qf_losses = -(targets * log_probs).sum(-1).mean(-1)
+        qf_losses = (-(targets * log_probs).sum(-1) * weights).sum(-1) / weights.sum().clamp(min=1.0)
         q_optimizer.zero_grad()
         qf_losses.sum().backward()
         clip_gradients(qnet.parameters())
         q_optimizer.step()
-        return qf_losses.detach()
+        return qf_losses.detach(), beyond
 
     def update_actor(obs) -> torch.Tensor:
         """One AdamW step of the policy up the critics' mean Q (the lower of the two with clipped double Q)."""
@@ -536,8 +579,11 @@ if __name__ == "__main__":
             critic_updates=critic_updates,
         )
 
-    # Episodes finished since the last log line (count, sum of returns, sum of lengths), summed on the device.
+    # Episodes finished since the last log line (count, sum of returns, sum of lengths), and the critic updates' targets
+    # beyond the support (sums of the fractions above and below, count of updates), summed on the device.
     episode_stats = torch.zeros(3, dtype=torch.float64, device=device)
+    support_stats = torch.zeros(3, device=device)
+    no_reset_steps = torch.zeros(args.num_envs, dtype=torch.bool, device=device)  # what the other simulators report
     qf_losses = actor_loss = None  # the latest updates', read back when logged
     run.begin(training_state)
     while global_step < args.total_timesteps:
@@ -549,7 +595,15 @@ if __name__ == "__main__":
         next_raw_obs, rewards, terminations, truncations, info = envs.step(
             to_env_actions(actions, envs.action_low, envs.action_high)
         )
-        rb.add(raw_obs, actions, rewards, terminations, truncations, info["final_obs"])
+        rb.add(
+            raw_obs,
+            actions,
+            rewards,
+            terminations,
+            truncations,
+            info["final_obs"],
+            info.get("reset_step", no_reset_steps),
+        )
         done = info["done"]
         noise_scales = torch.where(done.view(-1, 1), draw_noise_scales(), noise_scales)  # a new episode, a new scale
         raw_obs = next_raw_obs
@@ -564,10 +618,15 @@ if __name__ == "__main__":
         # statistics of the moment (not updated by them).
         if global_step > args.learning_starts:
             for _ in range(args.num_updates):
-                obs_b, actions_b, rewards_b, discounts_b, next_obs_b = rb.sample(per_env, args.n_steps, args.gamma)
+                obs_b, actions_b, rewards_b, discounts_b, next_obs_b, weights_b = rb.sample(
+                    per_env, args.n_steps, args.gamma
+                )
                 obs_b, next_obs_b = obs_normalizer(obs_b), obs_normalizer(next_obs_b)
                 smoothing_noise = torch.randn_like(actions_b) * args.policy_noise
-                qf_losses = update_critic(obs_b, actions_b, rewards_b, discounts_b, next_obs_b, smoothing_noise)
+                qf_losses, beyond = update_critic(
+                    obs_b, actions_b, rewards_b, discounts_b, next_obs_b, weights_b, smoothing_noise
+                )
+                support_stats += torch.cat([beyond, beyond.new_ones(1)])
                 critic_updates += 1
                 if critic_updates % args.policy_frequency == 0:
                     actor_loss = update_actor(obs_b)
@@ -585,9 +644,25 @@ if __name__ == "__main__":
             scalars = envs.check_buffers()
             if qf_losses is not None:
                 scalars.update({"losses/qf1_loss": qf_losses[0], "losses/qf2_loss": qf_losses[1]})
+                above, below, updates = support_stats
+                scalars.update(
+                    {"losses/targets_above_support": above / updates, "losses/targets_below_support": below / updates}
+                )
+                support_stats.zero_()
             if actor_loss is not None:
                 scalars["losses/actor_loss"] = actor_loss
-            run.log(global_step, scalars)
+            logged = run.log(global_step, scalars)
+            above, below = (
+                logged.get("losses/targets_above_support", 0.0),
+                logged.get("losses/targets_below_support", 0.0),
+            )
+            if above > 0 or below > 0:  # the projection clamped them: the critics cannot represent these returns
+                print(
+                    f"step {global_step}: {above:.1%} of the critics' targets lie above the support's top "
+                    f"{args.v_max:g} and {below:.1%} below its bottom {args.v_min:g}, clamped to it: widen "
+                    "--v-min/--v-max",
+                    flush=True,
+                )
         run.end_iteration(global_step)
         if out_of_time:
             print(f"--time-limit-seconds {args.time_limit_seconds:g} reached at step {global_step}", flush=True)

@@ -11,7 +11,17 @@ import fast_td3_isaacgym as fast_td3
 import numpy as np
 import pytest
 import torch
-from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from conftest import (
+    ROOT,
+    assert_bad_input,
+    assert_finite_keys,
+    kill_at_first_checkpoint,
+    read_scalars,
+    run_dirs,
+    run_script,
+    script_env,
+)
+from update_reference import assert_gradients_match, assert_unchanged, gradients, leaves
 
 SCRIPT = "fast_td3_isaacgym.py"
 
@@ -36,7 +46,7 @@ def plain_window(columns: dict, env: int, start: int, newest: int, n: int, gamma
 
 def fill(rb: fast_td3.ReplayBuffer, steps: int, seed: int = 0) -> dict:
     """`steps` random columns into `rb` (observations numbered by step), returning them as written."""
-    generator = torch.Generator().manual_seed(seed)
+    generator, reset_generator = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
     written = {name: [] for name in fast_td3.ReplayBuffer.FIELDS}
     for t in range(steps):
         column = dict(
@@ -46,6 +56,7 @@ def fill(rb: fast_td3.ReplayBuffer, steps: int, seed: int = 0) -> dict:
             terminations=torch.rand(rb.num_envs, generator=generator) < 0.2,
             truncations=torch.rand(rb.num_envs, generator=generator) < 0.2,
             next_obs=torch.full((rb.num_envs, 3), t + 0.5) + torch.arange(rb.num_envs).view(-1, 1) / 10,
+            reset_steps=torch.rand(rb.num_envs, generator=reset_generator) < 0.1,
         )
         column["truncations"] &= ~column["terminations"]
         rb.add(*(column[name] for name in fast_td3.ReplayBuffer.FIELDS))
@@ -61,7 +72,7 @@ def test_n_step_windows_stop_at_episode_ends_and_the_newest_step_and_bootstrap_o
     gamma, n = 0.9, 4
     columns = {name: getattr(rb, name) for name in ("rewards", "terminations", "truncations")}
     starts = torch.arange(rb.size).repeat(3, 1)  # every stored step of every env
-    obs, actions, rewards, discounts, next_obs = rb.n_step_window(starts, n, gamma)
+    obs, actions, rewards, discounts, next_obs, weights = rb.n_step_window(starts, n, gamma)
     newest = (rb.pos - 1) % 9
     cut = {"terminated": 0, "truncated": 0, "newest": 0, "full": 0}
     for env in range(3):
@@ -73,6 +84,7 @@ def test_n_step_windows_stop_at_episode_ends_and_the_newest_step_and_bootstrap_o
             assert discounts[i].item() == pytest.approx(discount, rel=1e-6), where
             assert torch.equal(next_obs[i], rb.next_obs[env, last]), where
             assert torch.equal(obs[i], rb.obs[env, start]) and torch.equal(actions[i], rb.actions[env, start]), where
+            assert weights[i] == (0.0 if rb.reset_steps[env, start] else 1.0), where  # a reset step learns nothing
             if discount == 0.0:
                 cut["terminated"] += 1
             elif rb.truncations[env, last]:
@@ -164,7 +176,8 @@ PROBE_FLAGS += ["--policy-noise", "0.2", "--std-min", "0.1", "--std-max", "0.5",
 STEP_NAMES = ["actions", "noise", "noise_scales", "next_raw_obs", "rewards", "terminations", "truncations", "info"]
 STEP_NAMES += ["actor", "obs_normalizer"]
 AT_BACKWARD = ["obs", "actions", "rewards", "discounts", "next_obs", "smoothing_noise", "qnet", "qnet_target", "actor"]
-AT_BACKWARD += ["critic_updates", "actor_loss", "obs_normalizer", "rb"]
+AT_BACKWARD += ["critic_updates", "actor_loss", "obs_normalizer", "rb", "weights", "global_step"]
+GRADS = ["qnet", "qnet_target", "actor"]
 GAMMA, TAU, N_STEPS, LOW, HIGH = 0.9, 0.1, 3, np.array([-1.0, 0.0]), np.array([2.0, 5.0])
 
 
@@ -174,7 +187,14 @@ def probed(tmp_path_factory):
 
     cwd = tmp_path_factory.mktemp("probe")
     trace = probe_script(
-        SCRIPT, PROBE_FLAGS, cwd, watch=STEP_NAMES, at_backward=AT_BACKWARD, final=["rb"], preload=["probe_box_envs"]
+        SCRIPT,
+        PROBE_FLAGS,
+        cwd,
+        watch=STEP_NAMES,
+        at_backward=AT_BACKWARD,
+        grads=GRADS,
+        final=["rb"],
+        preload=["probe_box_envs"],
     )
     return trace, cwd
 
@@ -198,7 +218,7 @@ def plain_critic_logits(state: dict, i: int, obs, actions) -> torch.Tensor:
 
 
 def normalise(state: dict, x) -> torch.Tensor:
-    return ((torch.as_tensor(x).double() - state["mean"]) / (state["var"].clamp(min=1e-4).sqrt() + 0.01)).float()
+    return ((torch.as_tensor(x).double() - state["mean"]) / (state["var"].sqrt() + 0.01)).float()
 
 
 def steps_of(trace) -> list[dict]:
@@ -216,6 +236,7 @@ def test_the_loop_stores_each_step_and_acts_with_each_envs_noise_scale(probed):
         assert torch.equal(rb["terminations"][:, t], step["terminations"])
         assert torch.equal(rb["truncations"][:, t], step["truncations"])
         assert torch.equal(rb["next_obs"][:, t], step["info"]["final_obs"])  # the true final observation at an end
+        assert not rb["reset_steps"][:, t].any()  # gymnasium resets within the step: every step is a transition
         done = step["terminations"] | step["truncations"]
         ends += int(done.sum())
         if t == 0:
@@ -244,31 +265,69 @@ def actor_entries(trace) -> list[dict]:
     return [entry for entry in trace.backward if entry["where"] == "update_actor"]
 
 
+def projected_target(entry: dict, support: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critics' target of a critic update, held constant: the projected n-step distribution of the target critic
+    whose mean is lower at (s', a' + clipped noise), and that mean's n-step target before projection."""
+    with torch.no_grad():
+        noise = entry["smoothing_noise"].double().clamp(-0.5, 0.5)
+        next_actions = (plain_actor(entry["actor"], entry["next_obs"]) + noise).clamp(-1, 1)
+        next_probs = [
+            torch.softmax(plain_critic_logits(entry["qnet_target"], i, entry["next_obs"], next_actions), -1)
+            for i in (0, 1)
+        ]
+        means = [(p * torch.as_tensor(support)).sum(-1) for p in next_probs]
+    rewards, discounts = entry["rewards"].double().numpy(), entry["discounts"].double().numpy()
+    targets = [reference_projection(p.numpy(), rewards, discounts, support) for p in next_probs]
+    target = torch.as_tensor(np.where((means[0] < means[1]).numpy()[:, None], targets[0], targets[1]))
+    return target, torch.as_tensor(rewards) + torch.as_tensor(discounts) * torch.minimum(*means)
+
+
+def reference_critic_loss(entry: dict, qnet: dict, target: torch.Tensor) -> torch.Tensor:
+    """Both critics' cross-entropies to the target, each averaged over the windows of weight 1, summed."""
+    weights = entry["weights"].double()
+    return sum(
+        (
+            -(target * torch.log_softmax(plain_critic_logits(qnet, i, entry["obs"], entry["actions"]), -1)).sum(-1)
+            * weights
+        ).sum()
+        / weights.sum()
+        for i in (0, 1)
+    )
+
+
 def test_each_critic_update_is_the_cross_entropy_to_the_projected_clipped_double_q_target(probed):
     trace, _ = probed
     updates = critic_entries(trace)
     assert len(updates) == 2 * (40 - 15) and [u["critic_updates"] for u in updates] == list(range(50))
     support = np.linspace(-5, 5, 11)
     for entry in updates:
-        with torch.no_grad():
-            noise = entry["smoothing_noise"].double().clamp(-0.5, 0.5)
-            next_actions = (plain_actor(entry["actor"], entry["next_obs"]) + noise).clamp(-1, 1)
-            next_probs = [
-                torch.softmax(plain_critic_logits(entry["qnet_target"], i, entry["next_obs"], next_actions), -1)
-                for i in (0, 1)
-            ]
-            means = [(p * torch.as_tensor(support)).sum(-1) for p in next_probs]
-            rewards, discounts = entry["rewards"].double().numpy(), entry["discounts"].double().numpy()
-            targets = [reference_projection(p.numpy(), rewards, discounts, support) for p in next_probs]
-            target = torch.as_tensor(np.where((means[0] < means[1]).numpy()[:, None], targets[0], targets[1]))
-            loss = sum(
-                -(target * torch.log_softmax(plain_critic_logits(entry["qnet"], i, entry["obs"], entry["actions"]), -1))
-                .sum(-1)
-                .mean()
-                for i in (0, 1)
-            )
-        assert entry["loss"].item() == pytest.approx(loss.item(), rel=1e-4), f"update {entry['critic_updates']}"
+        where = f"update {entry['critic_updates']}"
+        assert torch.equal(entry["weights"], torch.ones(16))  # no reset steps on gymnasium's path
+        target, _ = projected_target(entry, support)
+        qnet = leaves(entry["qnet"])
+        loss = reference_critic_loss(entry, qnet, target)
+        assert_gradients_match(entry["grads"]["qnet"], gradients(loss, qnet), where)
+        assert entry["loss"].item() == pytest.approx(loss.item(), rel=1e-4), where
+        # The target critics take no gradient: they move by Polyak averaging alone.
+        assert all(grad is None for grad in entry["grads"]["qnet_target"].values()), where
     assert sum(float((u["discounts"] == 0).sum()) for u in updates) > 0, "some windows should terminate"
+
+
+SMALL = dict(num_envs=2, buffer_size=10, batch_size=2)
+
+
+def test_the_task_gives_the_critics_support_unless_it_is_given():
+    for env_id, simulator, expected in [
+        ("Hopper-v5", "gymnasium", (-100.0, 500.0)),
+        ("Humanoid", "mujoco-warp", (-100.0, 1200.0)),  # above the ~500 the alive bonus alone is worth
+        ("Pendulum-v1", "gymnasium", fast_td3.DEFAULT_SUPPORT),
+    ]:
+        args = fast_td3.Args(simulator=simulator, env_id=env_id, **SMALL)
+        fast_td3.validate(args)
+        assert (args.v_min, args.v_max) == pytest.approx(expected), env_id
+    args = fast_td3.Args(simulator="gymnasium", env_id="Hopper-v5", gamma=0.98, v_max=7.0, **SMALL)
+    fast_td3.validate(args)
+    assert (args.v_min, args.v_max) == pytest.approx((-50.0, 7.0))
 
 
 def test_sampled_windows_are_the_stored_steps_n_step_transitions_at_the_time(probed):
@@ -302,18 +361,23 @@ def test_the_policy_updates_after_every_second_critic_update_on_the_lower_critic
     trace, _ = probed
     actors, critics = actor_entries(trace), critic_entries(trace)
     assert [entry["critic_updates"] for entry in actors] == list(range(2, 51, 2))
+    by_update = {entry["critic_updates"]: entry for entry in critics}
     for entry in actors:
-        with torch.no_grad():
-            actions = plain_actor(entry["actor"], entry["obs"])
-            q = [
-                (
-                    torch.softmax(plain_critic_logits(entry["qnet"], i, entry["obs"], actions), -1)
-                    * torch.linspace(-5, 5, 11).double()
-                ).sum(-1)
-                for i in (0, 1)
-            ]
-            loss = -torch.minimum(*q).mean()
-        assert entry["loss"].item() == pytest.approx(loss.item(), rel=1e-4)
+        where = f"policy update after critic update {entry['critic_updates']}"
+        actor = leaves(entry["actor"])
+        actions = plain_actor(actor, entry["obs"])
+        q = [
+            (
+                torch.softmax(plain_critic_logits(entry["qnet"], i, entry["obs"], actions), -1)
+                * torch.linspace(-5, 5, 11).double()
+            ).sum(-1)
+            for i in (0, 1)
+        ]
+        loss = -torch.minimum(*q).mean()
+        assert_gradients_match(entry["grads"]["actor"], gradients(loss, actor), where)
+        assert entry["loss"].item() == pytest.approx(loss.item(), rel=1e-4), where
+        if entry["critic_updates"] in by_update:  # the critics as the policy step found them and as it left them
+            assert_unchanged(entry["qnet"], by_update[entry["critic_updates"]]["qnet"], where)
     # Polyak averaging after each critic update: the target the next critic update found.
     following = {id(a): b for a, b in zip(trace.backward, trace.backward[1:])}
     for before, after in zip(critics, critics[1:]):
@@ -323,6 +387,101 @@ def test_the_policy_updates_after_every_second_critic_update_on_the_lower_critic
                 online[name].double() - before["qnet_target"][name].double()
             )
             torch.testing.assert_close(value.double(), expected, rtol=1e-5, atol=1e-7)
+
+
+# --- Isaac Gym's reset step ------------------------------------------------------------------------
+# Isaac Gym resets an ended episode during the next step (tests/isaacgym_double.py does as isaacgymenvs): that step acts
+# on the final observation and returns the new episode's first, so it is no transition. The script runs on the double
+# (episodes of at most 20 steps), 2 envs x 60 steps, learning from the 20th step.
+ISAACGYM_FLAGS = ["--simulator", "isaacgym", "--env-id", "Cartpole", "--num-envs", "2", "--buffer-size", "64"]
+ISAACGYM_FLAGS += ["--batch-size", "32", "--learning-starts", "40", "--total-timesteps", "120", "--gamma", "0.9"]
+ISAACGYM_FLAGS += ["--critic-hidden", "16", "--actor-hidden", "8", "--num-atoms", "11", "--log-every", "40"]
+ISAACGYM_FLAGS += ["--v-min", "-2", "--v-max", "2"]  # rewards near 1 a step: many targets lie above 2
+
+
+@pytest.fixture(scope="module")
+def isaacgym_probed(tmp_path_factory):
+    import isaacgym_double
+    from probe import probe_script
+
+    shims = tmp_path_factory.mktemp("isaacgym_double")
+    isaacgym_double.write_shims(shims)
+    cwd = tmp_path_factory.mktemp("isaacgym_probe")
+    at_backward = ["obs", "actions", "rewards", "discounts", "next_obs", "smoothing_noise", "qnet", "qnet_target"]
+    at_backward += ["actor", "weights", "critic_updates", "global_step"]
+    trace = probe_script(
+        SCRIPT,
+        ISAACGYM_FLAGS,
+        cwd,
+        watch=["info", "terminations", "truncations"],
+        at_backward=at_backward,
+        grads=["qnet"],
+        final=["rb"],
+        env=script_env(PYTHONPATH=f"{shims}:{ROOT / 'tests'}"),
+    )
+    return trace, cwd
+
+
+def test_isaacgyms_step_after_an_episode_end_is_stored_as_a_reset_step_and_learns_nothing(isaacgym_probed):
+    trace, _ = isaacgym_probed
+    steps, rb = steps_of(trace), trace.final["rb"]
+    assert "simulator: isaacgym" in trace.stdout and len(steps) == 60
+    done = torch.stack([step["terminations"] | step["truncations"] for step in steps], dim=1)  # [envs, steps]
+    expected = torch.cat([torch.zeros(2, 1, dtype=torch.bool), done[:, :-1]], dim=1)  # the step after each end
+    assert torch.equal(rb["reset_steps"][:, :60], expected) and expected.sum() >= 4
+    updates = critic_entries(trace)
+    assert len(updates) == 2 * (60 - 20)
+    masked = 0
+    for entry in updates:
+        # Each sampled window's weight is 0 exactly where it starts at a reset step (matched by its stored action).
+        for i in range(32):
+            env = i // 16
+            (start,) = [t for t in range(60) if torch.equal(rb["actions"][env, t], entry["actions"][i])]
+            assert entry["weights"][i] == (0.0 if expected[env, start] else 1.0)
+        masked += int((entry["weights"] == 0).sum())
+        target, _ = projected_target(entry, np.linspace(-2, 2, 11))
+        qnet = leaves(entry["qnet"])
+        assert_gradients_match(
+            entry["grads"]["qnet"], gradients(reference_critic_loss(entry, qnet, target), qnet), entry["critic_updates"]
+        )
+    assert masked > 0, "some updates should sample reset steps"
+
+
+def test_targets_beyond_the_support_are_reported_at_each_log_line(isaacgym_probed):
+    trace, cwd = isaacgym_probed
+    (run_dir,) = run_dirs(cwd)
+    scalars = read_scalars(run_dir)
+    above, below = (dict(scalars[f"losses/targets_{side}_support"]) for side in ("above", "below"))
+    since_last_log, checked = [], 0
+    for entry in critic_entries(trace):
+        _, target_q = projected_target(entry, np.linspace(-2, 2, 11))
+        since_last_log.append(((target_q > 2).double().mean().item(), (target_q < -2).double().mean().item()))
+        step = entry["global_step"]
+        if step % 40 == 0 and entry["critic_updates"] % 2 == 1:  # the step's last update, before its log line
+            above_mean, below_mean = np.mean(since_last_log, axis=0)
+            assert above[step] == pytest.approx(above_mean, abs=1e-6), step
+            assert below[step] == pytest.approx(below_mean, abs=1e-6), step
+            line = f"step {step}: {above_mean:.1%} of the critics' targets lie above the support's top 2 and"
+            assert (line in trace.stdout) == (above_mean + below_mean > 0), (step, trace.stdout[-2000:])
+            since_last_log, checked = [], checked + 1
+    assert checked == 2 and min(above.values()) > 0, "the support should be too narrow for some targets"
+
+
+def test_isaacgym_adapter_marks_the_step_after_each_end_as_a_reset_step(monkeypatch, tmp_path):
+    import isaacgym_double
+
+    isaacgym_double.write_shims(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = fast_td3.IsaacGymVecEnv("Cartpole", 3, torch.device("cpu"), seed=0)
+    env.reset()
+    env.envs.state[1, 0] = 5.0  # out of bounds: world 1 terminates at the first step
+    _, _, terminated, _, info = env.step(torch.zeros(3, 1))
+    assert terminated.tolist() == [False, True, False] and not info["reset_step"].any()
+    obs, _, _, _, info = env.step(torch.zeros(3, 1))
+    assert info["reset_step"].tolist() == [False, True, False]  # reset during this step: a fresh start returned
+    assert obs[1, 0].abs() <= 0.1 + 1e-6
+    _, _, _, _, info = env.step(torch.zeros(3, 1))
+    assert not info["reset_step"].any()
 
 
 # --- runs ----------------------------------------------------------------------------------------
@@ -394,6 +553,7 @@ def test_bad_input_fails_in_one_line(workdir, flags, fragments):
         (dict(tau=0.0), "--gamma and --tau must be in (0, 1]"),
         (dict(capture_video=True), "--capture-video is not supported"),
         (dict(time_limit_seconds=-1.0), "--time-limit-seconds must be 0 or positive"),
+        (dict(gamma=1.0), "--gamma 1 puts no bound on the returns"),
     ],
 )
 def test_validate_rejects(capsys, overrides, fragment):

@@ -39,7 +39,9 @@ class IsaacGymVecEnv:
     The task returns a dict of observations ("obs"), rewards, a reset buffer (1 where an episode
     ended, by termination or time-out) and extras["time_outs"]. Its observations at the end of an
     episode are the final ones (the task resets those environments during the next step), so they
-    are also the bootstrap observations. Episode returns and lengths are tracked here as tensors.
+    are also the bootstrap observations. That next step acts on the final observation and returns
+    the new episode's first: no transition of either episode; info["reset_step"] marks it, for a
+    replay buffer to leave out. Episode returns and lengths are tracked here as tensors.
     """
 
     def __init__(self, env_id: str, num_envs: int, device: torch.device, seed: int):
@@ -56,10 +58,12 @@ class IsaacGymVecEnv:
         self.action_high = torch.as_tensor(self.envs.action_space.high, dtype=torch.float32, device=device)
         self.episode_return = torch.zeros(num_envs, device=device)
         self.episode_length = torch.zeros(num_envs, dtype=torch.int32, device=device)
+        self.resetting = torch.zeros(num_envs, dtype=torch.bool, device=device)  # ended: reset during the next step
 
     def reset(self) -> torch.Tensor:
         self.episode_return.zero_()
         self.episode_length.zero_()
+        self.resetting.zero_()
         return self.envs.reset()["obs"].view(self.num_envs, self.obs_dim)
 
     def step(self, actions: torch.Tensor):
@@ -73,6 +77,7 @@ class IsaacGymVecEnv:
         self.episode_length += 1
         episode_return, episode_length = self.episode_return.clone(), self.episode_length.clone()
         info = dict(final_obs=obs, done=done, episode_return=episode_return, episode_length=episode_length)
+        info["reset_step"], self.resetting = self.resetting, done
         self.episode_return.masked_fill_(done, 0.0)
         self.episode_length.masked_fill_(done, 0)
         return obs, reward, terminated, truncated, info
