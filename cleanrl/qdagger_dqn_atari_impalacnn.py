@@ -32,10 +32,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from cleanrl_utils.checkpoint import load_model, restore_envs, snapshot_envs
+from cleanrl_utils.checkpoint import load_model, read_model, restore_envs, snapshot_envs
 from cleanrl_utils.envs.atari import check_env_id, make_envs
 from cleanrl_utils.errors import available_memory, check_fits, check_positive, fail
-from cleanrl_utils.evaluate import read_model
 from cleanrl_utils.hub import resolve_model_path
 from cleanrl_utils.run import Run
 

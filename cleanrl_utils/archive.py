@@ -34,9 +34,8 @@ from pathlib import Path
 
 from cleanrl_utils.checkpoint import CHECKPOINT_NAME
 from cleanrl_utils.errors import fail
-from cleanrl_utils.results import EVENTS_GLOB, FINISHED_NAME, RunError, find_run_dirs
+from cleanrl_utils.results import ARCHIVE_SUFFIX, EVENTS_GLOB, FINISHED_NAME, RunError, find_run_dirs, run_name
 
-ARCHIVE_SUFFIX = ".tar.xz"
 KEEP = ("charts/episodic_return", "charts/policy_lag", "perf/*", "eval/*", "hyperparameters/*")
 
 
@@ -115,10 +114,6 @@ def pack(run_dir: Path, archive: Path, preset: int = 6) -> Path:
     return archive
 
 
-def run_name(archive: Path) -> str:
-    return archive.name[: -len(ARCHIVE_SUFFIX)]
-
-
 def archived_runs(folder: Path) -> list[Path]:
     """The packed runs in `folder` (not below it)."""
     return sorted(folder.glob(f"*{ARCHIVE_SUFFIX}")) if folder.is_dir() else []
@@ -130,17 +125,6 @@ def archived_finished(archive: Path) -> bool:
         return False
     with tarfile.open(archive) as tar:
         return f"{run_name(archive)}/{FINISHED_NAME}" in tar.getnames()
-
-
-def unpack(archive: Path, into: Path) -> Path:
-    """Unpack a packed run into `into` and return its run directory; it appears whole or not at all."""
-    into.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=into, prefix=".unpacking-") as scratch:
-        with tarfile.open(archive) as tar:
-            tar.extractall(scratch, filter="data")
-        target = into / run_name(archive)
-        os.replace(Path(scratch) / target.name, target)
-    return target
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cleanrl_utils.checkpoint import find_model, load_script, read_model
 from cleanrl_utils.errors import fail
-from cleanrl_utils.evaluate import find_model, load_script, read_model
 
 TRADING_DAYS = 252
 STATISTICS = {  # key: (column title, format)

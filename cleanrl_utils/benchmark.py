@@ -260,7 +260,8 @@ def run_job(job: Job, lock: threading.Lock, prefix: bool) -> Job:
 def restore_archived(archive_dir: Path, runs_root: Path) -> None:
     """Unpack the runs archived in `archive_dir` (cleanrl_utils.archive) that `runs_root` lacks into it: on a machine
     that kept nothing, their jobs are then found finished and skipped, or continued from their checkpoints."""
-    from cleanrl_utils.archive import archived_runs, run_name, unpack
+    from cleanrl_utils.archive import archived_runs
+    from cleanrl_utils.results import run_name, unpack
 
     for archived in archived_runs(archive_dir):
         if not (runs_root / run_name(archived)).exists():
@@ -275,8 +276,9 @@ def finished(job: Job) -> bool:
 def archive_job(job: Job, archive_dir: Path, stopped: bool = False) -> None:
     """A thinned copy of a finished job's run in `archive_dir`, unless one is there; when the runner was `stopped`,
     also of an unfinished run with its checkpoint, for the next session to continue."""
-    from cleanrl_utils.archive import ARCHIVE_SUFFIX, KEEP, archive_run, archived_finished
+    from cleanrl_utils.archive import KEEP, archive_run, archived_finished
     from cleanrl_utils.checkpoint import CHECKPOINT_NAME
+    from cleanrl_utils.results import ARCHIVE_SUFFIX
 
     if finished(job):
         if not archived_finished(archive_dir / f"{job.run_dir.name}{ARCHIVE_SUFFIX}"):

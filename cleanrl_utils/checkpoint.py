@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib.util
 import inspect
 import io
 import os
@@ -415,3 +416,66 @@ class StopSignal:
 
     def __bool__(self) -> bool:
         return self.received is not None
+
+
+# --- finding, reading and evaluating saved models (cleanrl_utils.evaluate, .hub, .backtest) -------------
+
+SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "cleanrl"
+
+
+def find_model(path: str | os.PathLike) -> Path:
+    """The saved model file at `path`: the file itself, or the one *.cleanrl_model in a run directory (hf://USER/NAME:
+    cleanrl_utils.hub.resolve_model_path). Fails in one line when there is none."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        fail(f"{path}: no such file or directory")
+    models = sorted(path.glob(f"*{MODEL_SUFFIX}"))
+    if not models:
+        fail(f"{path}: no *{MODEL_SUFFIX} file in this directory (train with --save-model to write one)")
+    if len(models) > 1:
+        fail(f"{path}: several models ({', '.join(m.name for m in models)}); pass the file to evaluate")
+    return models[0]
+
+
+def read_model(path: Path) -> dict:
+    """The saved model's contents; fails in one line for anything that is not a cleanrl model."""
+    try:
+        model = torch.load(path, map_location="cpu", **FULL_UNPICKLING)
+    except Exception as error:
+        fail(f"{path}: not a cleanrl saved model (cannot be read: {type(error).__name__})")
+    kind = model.get("format") if isinstance(model, dict) else None
+    if kind == CHECKPOINT_FORMAT:
+        fail(
+            f"{path}: a training checkpoint, not a saved model; continue training with --resume, "
+            f"or evaluate the {MODEL_SUFFIX} file written with --save-model"
+        )
+    if kind != MODEL_FORMAT or not isinstance(model.get("script"), str):
+        fail(f"{path}: not a cleanrl saved model (no {MODEL_FORMAT!r} format marker)")
+    return model
+
+
+def load_script(model: dict, scripts_dir: Path = SCRIPTS_DIR):
+    """Import the script that saved `model` as a module (its training loop is guarded by __main__):
+    the file it was saved from, else cleanrl/<script>.py."""
+    name = model["script"]
+    script = Path(model.get("script_path") or "")
+    if not script.is_file():
+        script = scripts_dir / f"{name}.py"
+    if not script.is_file():
+        fail(
+            f"the model was saved by {name}.py ({model.get('script_path')}), which is no longer there, nor is {script}"
+        )
+    spec = importlib.util.spec_from_file_location(f"cleanrl_script_{name}", script)
+    module = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as a normal import would be: dataclasses resolve string annotations
+    # (`from __future__ import annotations`) through sys.modules.
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        fail(f"cannot import {script}: {type(error).__name__}: {error}")
+    if not callable(getattr(module, "evaluate", None)):
+        fail(f"{script} has no evaluate() function, so its models cannot be evaluated here")
+    return module

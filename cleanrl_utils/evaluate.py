@@ -26,79 +26,12 @@ else) or a model whose script is not in cleanrl/ stops with one line naming the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
-from cleanrl_utils.checkpoint import MODEL_SUFFIX
+from cleanrl_utils.checkpoint import MODEL_SUFFIX, load_script, read_model
 from cleanrl_utils.errors import fail
 from cleanrl_utils.hub import HUB_PREFIX, resolve_model_path
-
-SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "cleanrl"
-
-
-def find_model(path: str | Path) -> Path:
-    """The model file at `path`: the file itself, the one *.cleanrl_model in a run directory, or for hf://USER/NAME
-    the one in that model's folder of the Hugging Face cache (cleanrl_utils.hub.resolve_model_path)."""
-    if isinstance(path, str) and path.startswith(HUB_PREFIX):
-        return resolve_model_path(path)
-    path = Path(path)
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        fail(f"{path}: no such file or directory")
-    models = sorted(path.glob(f"*{MODEL_SUFFIX}"))
-    if not models:
-        fail(f"{path}: no *{MODEL_SUFFIX} file in this directory (train with --save-model to write one)")
-    if len(models) > 1:
-        fail(f"{path}: several models ({', '.join(m.name for m in models)}); pass the file to evaluate")
-    return models[0]
-
-
-def read_model(path: Path) -> dict:
-    """The saved model's contents; fails in one line for anything that is not a cleanrl model."""
-    import torch
-
-    from cleanrl_utils.checkpoint import CHECKPOINT_FORMAT, FULL_UNPICKLING, MODEL_FORMAT
-
-    try:
-        model = torch.load(path, map_location="cpu", **FULL_UNPICKLING)
-    except Exception as error:
-        fail(f"{path}: not a cleanrl saved model (cannot be read: {type(error).__name__})")
-    kind = model.get("format") if isinstance(model, dict) else None
-    if kind == CHECKPOINT_FORMAT:
-        fail(
-            f"{path}: a training checkpoint, not a saved model; continue training with --resume, "
-            f"or evaluate the {MODEL_SUFFIX} file written with --save-model"
-        )
-    if kind != MODEL_FORMAT or not isinstance(model.get("script"), str):
-        fail(f"{path}: not a cleanrl saved model (no {MODEL_FORMAT!r} format marker)")
-    return model
-
-
-def load_script(model: dict, scripts_dir: Path = SCRIPTS_DIR):
-    """Import the script that saved `model` as a module (its training loop is guarded by __main__):
-    the file it was saved from, else cleanrl/<script>.py."""
-    name = model["script"]
-    script = Path(model.get("script_path") or "")
-    if not script.is_file():
-        script = scripts_dir / f"{name}.py"
-    if not script.is_file():
-        fail(
-            f"the model was saved by {name}.py ({model.get('script_path')}), which is no longer there, nor is {script}"
-        )
-    spec = importlib.util.spec_from_file_location(f"cleanrl_script_{name}", script)
-    module = importlib.util.module_from_spec(spec)
-    # Registered before it runs, as a normal import would be: dataclasses resolve string annotations
-    # (`from __future__ import annotations`) through sys.modules.
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as error:
-        fail(f"cannot import {script}: {type(error).__name__}: {error}")
-    if not callable(getattr(module, "evaluate", None)):
-        fail(f"{script} has no evaluate() function, so its models cannot be evaluated here")
-    return module
 
 
 def evaluate_model(
@@ -112,7 +45,7 @@ def evaluate_model(
     """(model contents, episodic returns) for a model file or run directory."""
     import torch
 
-    model_path = find_model(path)
+    model_path = resolve_model_path(path)
     model = read_model(model_path)
     module = load_script(model)
     device = torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
@@ -151,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import numpy as np
 
-    model_path = find_model(args.path)
+    model_path = resolve_model_path(args.path)
     video_dir = args.video_dir
     if args.capture_video and video_dir is None:
         video_dir = model_path.parent / "videos" / "evaluate"

@@ -108,7 +108,7 @@ def pull(repo_id: str, revision: str | None = None) -> Path:
 def resolve_model_path(spec: str | os.PathLike) -> Path:
     """The saved model file that `spec` names: hf://USER/NAME (pulled into the Hugging Face cache unless there), a run
     directory holding one *.cleanrl_model file, or the file itself. Fails in one line when there is none."""
-    from cleanrl_utils.evaluate import find_model
+    from cleanrl_utils.checkpoint import find_model
 
     text = os.fspath(spec)
     if text.startswith(HUB_PREFIX):
@@ -288,7 +288,7 @@ def push(run_dir: Path, repo_id: str, private: bool = False) -> str:
     if token is None:
         fail("no Hugging Face token to push with: log in with `uv run hf auth login`, or set HF_TOKEN")
 
-    from cleanrl_utils.evaluate import find_model, load_script, read_model  # torch: only once the checks above pass
+    from cleanrl_utils.checkpoint import find_model, load_script, read_model  # torch: once the checks above pass
 
     run_dir = Path(run_dir)
     if run_dir.is_file():

@@ -63,13 +63,30 @@ EVENTS_GLOB = "events.out.tfevents.*"
 FINISHED_NAME = "finished.json"
 
 
+# A run packed by cleanrl_utils.archive: <run directory's name>.tar.xz, the directory inside.
+ARCHIVE_SUFFIX = ".tar.xz"
+
+
+def run_name(archive: Path) -> str:
+    return archive.name[: -len(ARCHIVE_SUFFIX)]
+
+
+def unpack(archive: Path, into: Path) -> Path:
+    """Unpack a packed run into `into` and return its run directory; it appears whole or not at all."""
+    into.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=into, prefix=".unpacking-") as scratch:
+        with tarfile.open(archive) as tar:
+            tar.extractall(scratch, filter="data")
+        target = into / run_name(archive)
+        os.replace(Path(scratch) / target.name, target)
+    return target
+
+
 def find_run_dirs(paths: list[Path]) -> list[Path]:
     """Run directories among `paths`: each path is a run directory (it holds TensorBoard events), a run packed by
     cleanrl_utils.archive (<run>.tar.xz, unpacked for reading into a folder removed at exit), or a folder such as
     runs/ or benchmark/runs with either somewhere below it. Events inside a run directory's own subfolders (W&B's
     copy under wandb/) are not runs of their own."""
-    from cleanrl_utils.archive import ARCHIVE_SUFFIX
-
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_file() and path.name.endswith(ARCHIVE_SUFFIX):
@@ -93,8 +110,6 @@ _unpacked: dict[Path, Path] = {}
 
 def unpacked_for_reading(archive: Path) -> Path:
     """A packed run, unpacked once per process into a temporary folder that is removed at exit."""
-    from cleanrl_utils.archive import unpack
-
     archive = archive.resolve()
     if archive not in _unpacked:
         folder = Path(tempfile.mkdtemp(prefix="cleanrl-unpacked-"))

@@ -255,8 +255,9 @@ class Run:
     def finish(self, step: int, evaluate: Callable | None = None, **model) -> None:
         """End the run. With --save-model, save `model` (state dicts and whatever the script's
         evaluate() needs to rebuild it) as <exp_name>.cleanrl_model, reload it with `evaluate`
-        and log the returns of --eval-episodes episodes as eval/episodic_return. Last, write
-        finished.json into the run directory. A Run that writes nothing does nothing here."""
+        and log the returns of --eval-episodes episodes as eval/episodic_return (their mean printed). Last, write
+        finished.json into the run directory and print where the run was written. A Run that writes nothing does
+        nothing here."""
         if not self.writes:
             return
         self.progress.close(step)
@@ -278,6 +279,8 @@ class Run:
                 print(f"evaluation over {len(returns)} episodes: {np.mean(returns):.2f} +- {np.std(returns):.2f}")
         self.close()
         (self.dir / FINISHED_NAME).write_text(json.dumps({"global_step": step, "finished": time.time()}) + "\n")
+        where = os.path.relpath(self.dir) if not os.path.relpath(self.dir).startswith("..") else str(self.dir)
+        print(f"run written to {where}; its curves: tensorboard --logdir {os.path.dirname(where) or '.'}", flush=True)
 
     def close(self) -> None:
         if self.writer is not None:

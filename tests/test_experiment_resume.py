@@ -19,7 +19,7 @@ from pathlib import Path
 from conftest import ROOT, read_scalars, script_env
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from cleanrl_utils.archive import unpack
+from cleanrl_utils.results import unpack
 
 ECHO = ROOT / "tests" / "flag_echo.py"
 TINY_PPO = (

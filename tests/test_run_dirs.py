@@ -43,6 +43,9 @@ def test_two_runs_started_in_the_same_second_get_two_complete_folders(tmp_path):
         assert steps == sorted(set(steps)) and steps[-1] == 256, steps
         assert json.loads((run_dir / "args.json").read_text())["seed"] == 7
         assert (run_dir / CHECKPOINT_NAME).is_file() and (run_dir / "finished.json").is_file()
+    # Each run's last line says where it was written (its own folder) and how to see its curves.
+    last_lines = sorted(output.strip().splitlines()[-1] for output in outputs)
+    assert last_lines == [f"run written to runs/{d.name}; its curves: tensorboard --logdir runs" for d in run_dirs]
 
 
 def test_claim_run_dir_takes_the_next_free_second(tmp_path, monkeypatch):

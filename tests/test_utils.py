@@ -362,7 +362,7 @@ def test_archive_takes_an_unfinished_run_with_its_checkpoint_only_when_asked(tmp
     assert "unfinished: with its checkpoint" in capsys.readouterr().out
     packed = kept / f"{run_dir.name}.tar.xz"
     assert not archive.archived_finished(packed)
-    copy = archive.unpack(packed, tmp_path / "restored")
+    copy = results.unpack(packed, tmp_path / "restored")
     assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run_dir.iterdir())
     assert (copy / "checkpoint.pt").read_bytes() == (run_dir / "checkpoint.pt").read_bytes()
     assert not (copy / results.FINISHED_NAME).exists()
@@ -371,7 +371,7 @@ def test_archive_takes_an_unfinished_run_with_its_checkpoint_only_when_asked(tmp
     (run_dir / results.FINISHED_NAME).write_text("{}")
     archive.main([str(run_dir), "--to", str(kept)])
     assert [p.name for p in kept.iterdir()] == [packed.name] and archive.archived_finished(packed)
-    copy = archive.unpack(packed, tmp_path / "restored again")
+    copy = results.unpack(packed, tmp_path / "restored again")
     assert not (copy / "checkpoint.pt").exists() and (copy / results.FINISHED_NAME).is_file()
     assert len(list(copy.glob("events.out.tfevents.*"))) == 1
 
@@ -469,7 +469,7 @@ def test_env_snapshot_continues_exactly_across_resets(env_id, action_shape):
 
 def test_evaluate_imports_a_script_with_postponed_annotations(tmp_path):
     # dataclasses resolve string annotations through sys.modules, so the imported script must be registered there.
-    from cleanrl_utils.evaluate import load_script
+    from cleanrl_utils.checkpoint import load_script
 
     script = tmp_path / "postponed.py"
     script.write_text(
@@ -488,3 +488,38 @@ def test_a_damaged_packed_run_is_refused_in_one_line(tmp_path, capsys):
         results.main([str(damaged), "--output", str(tmp_path / "table")])
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(lines) == 1 and "not a packed run" in lines[0], lines
+
+
+def test_cleanrl_utils_modules_depend_on_each_other_one_way():
+    """No two modules of cleanrl_utils import each other, directly or around a longer cycle, counting the imports
+    inside functions too (a lazy import is still a dependency: archive <-> results and evaluate <-> hub were)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    package = root / "cleanrl_utils"
+    modules = {
+        ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in package.rglob("*.py")
+    }
+    imports = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        imports[name] = sorted(found & set(modules) - {name, "cleanrl_utils"})
+
+    def cycle_from(start, node, seen):
+        for nxt in imports[node]:
+            if nxt == start:
+                return [*seen, nxt]
+            if nxt not in seen:
+                found = cycle_from(start, nxt, [*seen, nxt])
+                if found:
+                    return found
+        return None
+
+    cycles = [cycle for name in modules if (cycle := cycle_from(name, name, [name]))]
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
