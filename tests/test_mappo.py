@@ -1,7 +1,7 @@
 """mappo.py: value normalisation and per-agent GAE against plain references, the actor's and critics'
 inputs; the script's own loop run under tests/probe.py, MAPPO (discrete) and IPPO (continuous): stored
-rows, log-probabilities, the critic's input, values, GAE, ValueNorm, targets and every minibatch's loss;
-smoke runs on VMAS and MPE, bad input, checkpoints with SIGKILL / SIGTERM and resume (with fresh
+rows, log-probabilities, the critic's input, values, GAE, ValueNorm, targets and every minibatch's loss and
+gradients; smoke runs on VMAS and MPE, bad input, checkpoints with SIGKILL / SIGTERM and resume (with fresh
 environments), and --save-model evaluation."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from conftest import (
     script_env,
     sigterm_while_training,
 )
+from update_reference import assert_gradients_match, gradients, leaves
 
 SCRIPT = "mappo.py"
 TINY = ["--num-envs", "4", "--num-steps", "10", "--num-minibatches", "2", "--update-epochs", "2", "--hidden-size", "16"]
@@ -159,15 +160,24 @@ def test_mpe_global_state_is_mpe2_state():
 # worlds terminate and truncate every few steps); at every loss's backward() the probe copies the rollout storage,
 # the batches, the minibatch's indices, the agent, the value normaliser and the optimiser. The tests replay the
 # environment with the stored actions, and recompute values, GAE, value-normalisation statistics, targets and every
-# minibatch's loss with plain code of their own. Two runs: discrete actions with the centralised critic (MAPPO), and
-# continuous actions with --independent (IPPO, under its own --exp-name, with --save-model).
+# minibatch's loss with plain code of their own, and each backward()'s gradients (the probe's grads) as that loss's in
+# float64, with the rollout's advantages, targets, values and log-probabilities held constant. Two runs: discrete
+# actions with the centralised critic (MAPPO, Yu et al.'s entropy coefficient 0.01), and continuous actions with
+# --independent (IPPO, under its own --exp-name, with --save-model, and a 1e-4 entropy coefficient: its default is 0).
+# --vf-coef 0.5, so that a value coefficient left out or misplaced shows.
 WIRING = ["--env-id", "probe/walk", "--num-envs", "4", "--num-steps", "8", "--num-minibatches", "2"]
 WIRING += ["--update-epochs", "2", "--hidden-size", "16", "--total-timesteps", "96", "--gamma", "0.9"]
-WIRING += ["--gae-lambda", "0.8", "--value-norm-beta", "0.9"]
+WIRING += ["--gae-lambda", "0.8", "--value-norm-beta", "0.9", "--vf-coef", "0.5"]
 WIRING_RUNS = {
     "mappo": ["--no-continuous-actions"],
-    "ippo": ["--independent", "--exp-name", "ippo", "--save-model", "--eval-episodes", "2"],
+    "ippo": ["--independent", "--exp-name", "ippo", "--save-model", "--eval-episodes", "2", "--ent-coef", "1e-4"],
 }
+ENT_COEF, VF_COEF = {"mappo": 0.01, "ippo": 1e-4}, 0.5
+# Measured: float32 against the float64 reference, the worst error is 1.6e-5 (the critic's last bias at iteration 2's
+# first minibatch: its gradient, -7.4e-4, is the mean of residuals of mean magnitude 0.81, so rounding dominates; every
+# other tensor 3e-6 or less). The entropy's sign flipped moves the MAPPO run's actor by 1.0e-4 (near-uniform policies:
+# the entropy's gradient is small) and the IPPO run's actor_logstd by 1.3e-3. Between them, with room either way:
+GRAD_RTOL = 4e-5
 AT_BACKWARD = ["obs", "actions", "logprobs", "rewards", "terminations", "truncations", "final_obs", "next_obs"]
 AT_BACKWARD += ["b_critic_in", "b_targets", "b_advantages", "b_old_values", "mb_inds", "agent", "value_norm"]
 AT_BACKWARD += ["optimizer", "iteration"]
@@ -180,12 +190,21 @@ def wiring(request, tmp_path_factory):
 
     cwd = tmp_path_factory.mktemp(request.param)
     flags = WIRING + WIRING_RUNS[request.param]
-    trace = probe_script(SCRIPT, flags, cwd, at_backward=AT_BACKWARD, preload=["probe_multiagent_envs"])
+    trace = probe_script(
+        SCRIPT, flags, cwd, at_backward=AT_BACKWARD, grads=["agent"], preload=["probe_multiagent_envs"]
+    )
     iterations = {}
     for update in trace.backward:
         iterations.setdefault(update["iteration"], []).append(update)
     continuous, independent = request.param == "ippo", request.param == "ippo"
-    return SimpleNamespace(trace=trace, cwd=cwd, iterations=iterations, continuous=continuous, independent=independent)
+    return SimpleNamespace(
+        trace=trace,
+        cwd=cwd,
+        iterations=iterations,
+        continuous=continuous,
+        independent=independent,
+        ent_coef=ENT_COEF[request.param],
+    )
 
 
 def plain_mlp(weights: dict, prefix: str, x: torch.Tensor) -> torch.Tensor:
@@ -197,7 +216,7 @@ def plain_mlp(weights: dict, prefix: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def one_hot_ids(obs: torch.Tensor) -> torch.Tensor:
-    return torch.eye(obs.shape[-2]).expand(*obs.shape[:-1], obs.shape[-2])
+    return torch.eye(obs.shape[-2], dtype=obs.dtype).expand(*obs.shape[:-1], obs.shape[-2])
 
 
 def plain_critic(weights: dict, obs: torch.Tensor, independent: bool) -> torch.Tensor:
@@ -308,42 +327,46 @@ def test_values_gae_value_normalisation_and_targets_match_a_plain_computation(wi
         previous_norm = rollout["value_norm"]
 
 
-def test_every_minibatch_loss_matches_the_clipped_ppo_loss_computed_plainly(wiring):
-    ent_coef = 0.0 if wiring.continuous else 0.01
-    for updates in wiring.iterations.values():
+def test_every_gradient_step_is_the_gradient_of_the_clipped_ppo_loss_of_its_minibatch(wiring):
+    for iteration, updates in wiring.iterations.items():
         first = updates[0]
-        obs = first["obs"].reshape(96, -1)
+        obs = first["obs"].reshape(96, -1).double()
         actions = first["actions"].reshape(96, *first["actions"].shape[3:])
+        actions = actions.double() if wiring.continuous else actions
         # Flattened in (step, env, agent) order: sample (t * envs + e) * agents + i is agent i of world e at step t.
         agents = torch.arange(96) % N_AGENTS
+        # The rollout's constants: behaviour log-probabilities, GAE advantages, the critic's old outputs and the
+        # normalised return targets (computed before the update, without gradient).
+        behaviour, advantages = first["logprobs"].reshape(-1).double(), first["b_advantages"].double()
+        old_values, targets = first["b_old_values"].double(), first["b_targets"].double()
         covered = []
-        for update in updates:
-            mb = update["mb_inds"]
+        for k, update in enumerate(updates):
+            mb, where = update["mb_inds"], f"iteration {iteration}, minibatch {k}"
             covered.append(mb)
             # The agents' observations stacked as [B, 1, obs] with each sample's own id appended by hand.
-            actor_in = torch.cat([obs[mb], torch.eye(N_AGENTS)[agents[mb]]], -1)
-            weights = update["agent"]
-            with torch.no_grad():
-                out = plain_mlp(weights, "actor", actor_in)
-                if wiring.continuous:
-                    log_std = weights["actor_logstd"].expand_as(out)
-                    dist_log_prob = -((actions[mb] - out) ** 2) / (2 * torch.exp(2 * log_std)) - log_std
-                    new_log_prob = (dist_log_prob - 0.5 * np.log(2 * np.pi)).sum(-1)
-                    entropy = (0.5 + 0.5 * np.log(2 * np.pi) + log_std).sum(-1)
-                else:
-                    log_p = torch.log_softmax(out, -1)
-                    new_log_prob = log_p[torch.arange(len(mb)), actions[mb]]
-                    entropy = -(log_p.exp() * log_p).sum(-1)
-                new_value = plain_mlp(weights, "critic", first["b_critic_in"][mb]).squeeze(-1)
-            ratio = torch.exp(new_log_prob - first["logprobs"].reshape(-1)[mb])
-            adv = first["b_advantages"][mb]
+            actor_in = torch.cat([obs[mb], torch.eye(N_AGENTS, dtype=torch.float64)[agents[mb]]], -1)
+            weights = leaves(update["agent"], only=lambda name: name != "agent_ids")
+            out = plain_mlp(weights, "actor", actor_in)
+            if wiring.continuous:
+                log_std = weights["actor_logstd"].expand_as(out)
+                dist_log_prob = -((actions[mb] - out) ** 2) / (2 * torch.exp(2 * log_std)) - log_std
+                new_log_prob = (dist_log_prob - 0.5 * np.log(2 * np.pi)).sum(-1)
+                entropy = (0.5 + 0.5 * np.log(2 * np.pi) + log_std).sum(-1)
+            else:
+                log_p = torch.log_softmax(out, -1)
+                new_log_prob = log_p[torch.arange(len(mb)), actions[mb]]
+                entropy = -(log_p.exp() * log_p).sum(-1)
+            new_value = plain_mlp(weights, "critic", first["b_critic_in"][mb].double()).squeeze(-1)
+            ratio = torch.exp(new_log_prob - behaviour[mb])
+            adv = advantages[mb]
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - CLIP, 1 + CLIP)).mean()
-            old_value, target = first["b_old_values"][mb], first["b_targets"][mb]
+            old_value, target = old_values[mb], targets[mb]
             clipped_value = old_value + (new_value - old_value).clamp(-CLIP, CLIP)
             v_loss = 0.5 * torch.max((new_value - target) ** 2, (clipped_value - target) ** 2).mean()
-            loss = pg_loss - ent_coef * entropy.mean() + 1.0 * v_loss
-            assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)
+            loss = pg_loss - wiring.ent_coef * entropy.mean() + VF_COEF * v_loss
+            assert_gradients_match(update["grads"]["agent"], gradients(loss, weights), where, GRAD_RTOL)
+            assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-4, abs=1e-6), where
         for epoch in range(2):  # each epoch's minibatches split one permutation of the batch
             assert sorted(torch.cat(covered[2 * epoch : 2 * epoch + 2]).tolist()) == list(range(96))
 
@@ -357,7 +380,7 @@ def test_the_probe_runs_log_every_loss_and_the_ippo_run_saves_under_its_own_name
     if wiring.independent:
         # benchmark/mappo.sh runs IPPO as --exp-name ippo: its run, model and evaluation carry that name,
         # while the model still names mappo.py as the script that saved it.
-        assert "__ippo__" in run_dir.name and args["critic"] == "independent" and args["ent_coef"] == 0.0
+        assert "__ippo__" in run_dir.name and args["critic"] == "independent" and args["ent_coef"] == 1e-4
         model = load(run_dir / "ippo.cleanrl_model")
         assert model["script"] == "mappo" and model["exp_name"] == "ippo"
         assert len(scalars["eval/episodic_return"]) == 2
