@@ -1,8 +1,9 @@
 """sac_atari.py: the discrete-SAC losses on a hand-computed case, the frame-indexed replay against the observations
 the env returned, smoke runs on MinAtar (with evaluation) and Atari, SIGKILL + --resume exactness, bad input; the
 script's own loop under tests/probe.py: the rows stored on Breakout (lives), and each update's critic, actor and
-temperature losses recomputed from the sampled rows and copied networks (the target critics' soft value), the
-target-critic copy timing."""
+temperature losses and their gradients recomputed in float64 from the sampled rows and copied networks (the target
+critics' soft value, held constant), no gradient reaching the target critics or leaking from one of the three steps
+into another's parameters, the critics unmoved by the actor's step, the target-critic copy timing."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from conftest import (
     run_dirs,
     run_script,
 )
+from update_reference import assert_gradients_match, assert_unchanged, gradients
 
 SCRIPT = "sac_atari.py"
 
@@ -348,7 +350,8 @@ def minatar_loop(tmp_path_factory):
     from probe import probe_script
 
     cwd = tmp_path_factory.mktemp("learn")
-    return probe_script(SCRIPT, LEARN_FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES)
+    grads = ["qf1", "qf2", "actor", "log_alpha", "qf1_target", "qf2_target"]
+    return probe_script(SCRIPT, LEARN_FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES, grads=grads)
 
 
 def loop_steps(trace) -> list[dict]:
@@ -377,11 +380,36 @@ def network(state_dict: dict) -> sac_atari.PixelNetwork:
     return net
 
 
+def network64(state_dict: dict) -> tuple[torch.nn.Module, dict]:
+    """The network in float64 (its layers run on the float64 observations: MinAtar's cells are 0/1, scale 1) and its
+    parameters, by name, as leaves of the reference's gradient."""
+    net = network(state_dict).double()
+    return net.network, dict(net.named_parameters())
+
+
 def updates_of(trace) -> list[tuple[dict, dict, dict]]:
     """The backward() calls in threes: the critics', the actor's and alpha's of one update."""
     calls = trace.backward
     assert len(calls) % 3 == 0
     return [tuple(calls[i : i + 3]) for i in range(0, len(calls), 3)]
+
+
+def assert_same_gradients(before, after, where: str) -> None:
+    """What a backward() left in a module's (dict) or a tensor's .grad is what the one before left: it added nothing."""
+    if isinstance(before, dict):
+        assert before.keys() == after.keys(), where
+        for name in before:
+            assert_same_gradients(before[name], after[name], f"{where}: {name}")
+    elif before is None or after is None:
+        assert before is None and after is None, f"{where}: a gradient appeared"
+    else:
+        assert torch.equal(before, after), f"{where}: the gradient changed"
+
+
+def no_gradients(call: dict, name: str):
+    """None in place of each of `name`'s recorded gradients."""
+    recorded = call["grads"][name]
+    return dict.fromkeys(recorded) if isinstance(recorded, dict) else None
 
 
 def test_each_update_samples_real_transitions_and_its_three_losses_match_plain_references(minatar_loop):
@@ -391,7 +419,9 @@ def test_each_update_samples_real_transitions_and_its_three_losses_match_plain_r
     assert len(updates) == (1000 - 600) // 40
     entropy_target = 0.89 * math.log(3)
     terminal_targets = 0
-    for critic_call, actor_call, alpha_call in updates:
+    previous_alpha_call = None
+    for k, (critic_call, actor_call, alpha_call) in enumerate(updates):
+        where = f"update {k} at step {critic_call['step']}"
         assert critic_call["step"] == actor_call["step"] == alpha_call["step"]
         batch = critic_call
         rows = zip(batch["obs_b"], batch["actions_b"], batch["rewards_b"], batch["terminations_b"])
@@ -404,34 +434,64 @@ def test_each_update_samples_real_transitions_and_its_three_losses_match_plain_r
                 batch["next_obs_b"][i].numpy().tobytes(),
             )
             assert key in transitions, "a sampled row is not a transition the env produced"
+        obs, next_obs = batch["obs_b"].double(), batch["next_obs_b"].double()
+        taken = torch.arange(8), batch["actions_b"]
         # The critics: both regress on r + gamma (1 - d) sum_a' pi(a'|s') (min of the TARGET critics - alpha log pi),
-        # pi the current policy, alpha = exp(log_alpha) as the last temperature step left it.
-        alpha = batch["log_alpha"].exp().item()
-        assert batch["alpha"].item() == pytest.approx(alpha, rel=1e-6)
+        # pi the current policy, alpha = exp(log_alpha) as the last temperature step left it; the target a constant.
+        alpha = batch["log_alpha"].double().exp()
+        assert batch["alpha"].item() == pytest.approx(alpha.item(), rel=1e-6)
         with torch.no_grad():
-            next_logits = network(batch["actor"])(batch["next_obs_b"]).double()
+            next_logits = network64(batch["actor"])[0](next_obs)
             next_probs, next_log_probs = torch.softmax(next_logits, 1), torch.log_softmax(next_logits, 1)
-            next_obs = batch["next_obs_b"]
-            next_q = torch.min(network(batch["qf1_target"])(next_obs), network(batch["qf2_target"])(next_obs)).double()
+            next_q = torch.min(network64(batch["qf1_target"])[0](next_obs), network64(batch["qf2_target"])[0](next_obs))
             next_value = (next_probs * (next_q - alpha * next_log_probs)).sum(1)
-            target = batch["rewards_b"] + 0.9 * (1 - batch["terminations_b"]) * next_value
-            taken = torch.arange(8), batch["actions_b"]
-            q1, q2 = network(batch["qf1"])(batch["obs_b"])[taken], network(batch["qf2"])(batch["obs_b"])[taken]
-        critic_loss = ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
+            target = batch["rewards_b"].double() + 0.9 * (1 - batch["terminations_b"].double()) * next_value
+        (qf1, qf1_params), (qf2, qf2_params) = network64(batch["qf1"]), network64(batch["qf2"])
+        critic_loss = ((qf1(obs)[taken] - target) ** 2).mean() + ((qf2(obs)[taken] - target) ** 2).mean()
+        assert_gradients_match(critic_call["grads"]["qf1"], gradients(critic_loss, qf1_params), f"{where}, qf1")
+        assert_gradients_match(critic_call["grads"]["qf2"], gradients(critic_loss, qf2_params), f"{where}, qf2")
         assert critic_call["loss"].item() == pytest.approx(critic_loss.item(), rel=1e-4)
         terminal_targets += int(batch["terminations_b"].sum())
-        # The actor, against the critics just updated: E_s sum_a pi(a|s) (alpha log pi(a|s) - min_i Q_i(s, a)).
+        # The actor, against the critics just updated (constants here): E_s sum_a pi(a|s) (alpha log pi(a|s) - min_i
+        # Q_i(s, a)), alpha a constant.
         assert actor_call["actor"].keys() == batch["actor"].keys()
+        assert_unchanged(batch["actor"], actor_call["actor"], f"{where}: the critic step")
+        actor, actor_params = network64(actor_call["actor"])
+        logits = actor(obs)
+        probs, log_probs = torch.softmax(logits, 1), torch.log_softmax(logits, 1)
         with torch.no_grad():
-            logits = network(actor_call["actor"])(batch["obs_b"]).double()
-            probs, log_probs = torch.softmax(logits, 1), torch.log_softmax(logits, 1)
-            q_min = torch.min(network(actor_call["qf1"])(batch["obs_b"]), network(actor_call["qf2"])(batch["obs_b"]))
-        actor_loss = (probs * (alpha * log_probs - q_min.double())).sum(1).mean()
+            q_min = torch.min(network64(actor_call["qf1"])[0](obs), network64(actor_call["qf2"])[0](obs))
+        actor_loss = (probs * (alpha * log_probs - q_min)).sum(1).mean()
+        assert_gradients_match(actor_call["grads"]["actor"], gradients(actor_loss, actor_params), f"{where}, actor")
         assert actor_call["loss"].item() == pytest.approx(actor_loss.item(), rel=1e-4, abs=1e-6)
-        # alpha: E_s[-alpha sum_a pi(a|s) (log pi(a|s) + target entropy)], the policy of before the actor's step.
+        # alpha: E_s[-alpha sum_a pi(a|s) (log pi(a|s) + target entropy)], the policy of before the actor's step a
+        # constant.
         assert alpha_call["log_alpha"].item() == batch["log_alpha"].item()  # not stepped in between
-        alpha_loss = (-alpha * (probs * (log_probs + entropy_target)).sum(1)).mean()
+        log_alpha = batch["log_alpha"].double().requires_grad_(True)
+        weighted = (probs * (log_probs + entropy_target)).sum(1).detach()
+        alpha_loss = (-log_alpha.exp() * weighted).mean()
+        (reference,) = torch.autograd.grad(alpha_loss, log_alpha)
+        # Its gradient alpha (H - target entropy) is a difference of two terms of ~1 that float32 rounds at ~1e-7: it
+        # is compared on their scale (relative to itself it was off by up to 1.4e-5 with the entropy near the target).
+        scale = (log_alpha.exp() * (-(probs * log_probs).sum(1) + entropy_target)).mean().item()
+        assert alpha_call["grads"]["log_alpha"].item() == pytest.approx(reference.item(), abs=2e-5 * scale), where
         assert alpha_call["loss"].item() == pytest.approx(alpha_loss.item(), rel=1e-4, abs=1e-7)
+        # What each backward() must leave alone: no gradient ever reaches the target critics; the critics' loss adds
+        # none to the actor or alpha, the actor's none to the critics or alpha, alpha's none to the actor or critics
+        # (their .grad as the previous backward left it); the actor's step leaves the critics where they were.
+        for call in (critic_call, actor_call, alpha_call):
+            for critic in ("qf1_target", "qf2_target"):
+                assert all(grad is None for grad in call["grads"][critic].values()), f"{where}: {critic} has a gradient"
+        for name in ("actor", "log_alpha"):  # before the first update's actor and alpha steps: none yet
+            before = previous_alpha_call["grads"][name] if previous_alpha_call else no_gradients(critic_call, name)
+            assert_same_gradients(before, critic_call["grads"][name], f"{where}, critic step: {name}")
+        for name in ("qf1", "qf2", "log_alpha"):
+            assert_same_gradients(critic_call["grads"][name], actor_call["grads"][name], f"{where}, actor step: {name}")
+        for name in ("qf1", "qf2", "actor"):
+            assert_same_gradients(actor_call["grads"][name], alpha_call["grads"][name], f"{where}, alpha step: {name}")
+        for critic in ("qf1", "qf2"):
+            assert_unchanged(actor_call[critic], alpha_call[critic], f"{where}: the actor step")
+        previous_alpha_call = alpha_call
     assert terminal_targets > 0, "some sampled transitions should end a training episode"
     # Each update's temperature step is what the next update's target uses, and it moved: alpha is learned.
     log_alphas = [critic_call["log_alpha"].item() for critic_call, _, _ in updates]
