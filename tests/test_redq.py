@@ -1,6 +1,7 @@
 """redq_continuous_action.py: the target entropy (the authors' per-task choice); its own loop under tests/probe.py
-(stored rows, acting, G critic steps per env step, every loss against the min of the drawn target critics and the
-mean of all, the policy and alpha's Adam steps, Polyak after every critic step); the random draw of the target
+(stored rows, acting, G critic steps per env step, every loss and its gradients against the min of the drawn target
+critics and the mean of all, no gradient into the targets, the critics unmoved by the policy step, the policy and
+alpha's Adam steps, Polyak after every critic step); the random draw of the target
 critics, the target of exactly the two drawn ones, the batched ensemble against N plain q_networks (outputs and
 gradients), bad input, a smoke run with a saved model, SIGKILL + --resume exactness on Pendulum; and
 benchmark/steps_to_threshold.py's reader."""
@@ -25,6 +26,7 @@ from conftest import (
     run_dirs,
     run_script,
 )
+from update_reference import assert_gradients_match, assert_unchanged, gradients, leaves
 
 sys.path.insert(0, str(ROOT / "benchmark"))
 
@@ -74,7 +76,8 @@ def test_the_default_target_entropy_is_the_authors_choice(env_id, act_dim, expec
 # by termination or truncation, asymmetric action bounds), 2 envs, 3 critics (M = 2 drawn), 3 critic steps per env
 # step: 96 steps of random actions, then 8 env steps of 3 critic steps and one policy step each, with
 # --target-entropy -1.5. The tests rebuild what the loop stored and computed from the copies with plain references
-# (tests/continuous_reference.py) reading the networks from their state dicts. The run logs once (step 100).
+# (tests/continuous_reference.py) reading the networks from their state dicts; each backward()'s gradients are compared
+# with a float64 reference loss's. The run logs once (step 100).
 PROBE_FLAGS = ["--env-id", "ProbeDrift-v0", "--num-envs", "2", "--buffer-size", "120", "--batch-size", "16"]
 PROBE_FLAGS += ["--learning-starts", "96", "--total-timesteps", "104", "--gamma", "0.9", "--tau", "0.1"]
 PROBE_FLAGS += ["--num-critics", "3", "--num-target-critics", "2", "--utd-ratio", "3", "--target-entropy", "-1.5"]
@@ -96,6 +99,7 @@ def probed(tmp_path_factory):
         cwd,
         watch=PROBE_STEP_NAMES,
         at_backward=PROBE_AT_BACKWARD,
+        grads=["qf", "actor", "log_alpha", "qf_target"],
         final=["rb", "target_entropy"],
         preload=["probe_box_envs"],
     )
@@ -109,6 +113,20 @@ def entries_by_step(trace) -> list[tuple[list[dict], dict]]:
     for entry in trace.backward:
         steps.setdefault(entry["t"], []).append(entry)
     return [(entries[:-1], entries[-1]) for _, entries in sorted(steps.items())]
+
+
+def assert_no_gradient(grads: dict, where: str) -> None:
+    """No gradient reached these parameters: their recorded .grad is None (or zero)."""
+    reached = [name for name, grad in grads.items() if grad is not None and grad.any()]
+    assert not reached, f"{where}: {', '.join(reached)} got a gradient"
+
+
+def assert_same_gradient(got, before, where: str) -> None:
+    """A recorded .grad (a tensor, or a module's dict of them) is what an earlier backward left: nothing was added."""
+    got, before = (value if isinstance(value, dict) else {"": value} for value in (got, before))
+    for name, grad in got.items():
+        same = grad is None and before[name] is None or grad is not None and torch.equal(grad, before[name])
+        assert same, f"{where}: {name} got a gradient"
 
 
 def test_the_loop_stores_each_step_with_the_true_next_observation_and_only_terminations(probed):
@@ -146,26 +164,36 @@ def test_each_critic_step_regresses_all_critics_on_the_min_of_the_two_drawn_targ
     trace, _ = probed
     rows = plain.buffer_rows(trace.final["rb"], 4, 2)
     stored = {plain.row_key(rows, i) for i in range(104)}
-    critic_steps = [entry for critics, _ in entries_by_step(trace) for entry in critics]
+    per_step = entries_by_step(trace)
+    critic_steps = [entry for critics, _ in per_step for entry in critics]
+    # The policy's and alpha's gradients as the policy step before each critic step left them (none before the first).
+    left_by_step = [{"actor": dict.fromkeys(ACTOR_PARAMETERS), "log_alpha": None}]
+    left_by_step += [policy["grads"] for _, policy in per_step[:-1]]
+    left_before = [left for (critics, _), left in zip(per_step, left_by_step) for _ in critics]
     terminal_targets, undrawn_lower = 0, 0
-    for k, entry in enumerate(critic_steps):
-        batch, drawn = entry["batch"], entry["drawn"].tolist()
+    for k, (entry, left) in enumerate(zip(critic_steps, left_before)):
+        batch, drawn, where = entry["batch"], entry["drawn"].tolist(), f"critic step {k}"
         assert all(plain.row_key(batch, i) in stored for i in range(16)), "a sampled row was never stored"
         assert len(set(drawn)) == 2 and set(drawn) <= {0, 1, 2}
         alpha = entry["log_alpha"].double().exp()
         assert torch.equal(entry["alpha"], entry["log_alpha"].exp())
-        with torch.no_grad():
+        with torch.no_grad():  # the target held constant, from the drawn target critics and the policy
             next_actions, next_log_prob = plain.squashed_gaussian(entry["actor"], batch["next_obs"], entry["noise"])
             next_q = [plain.stacked_critic(entry["qf_target"], i, batch["next_obs"], next_actions) for i in range(3)]
             drawn_min = torch.minimum(next_q[drawn[0]], next_q[drawn[1]])
             undrawn_lower += int((torch.stack(next_q).amin(0) < drawn_min).sum())
             soft_value = drawn_min - alpha * next_log_prob
             target = batch["rewards"].double() + GAMMA * (1 - batch["terminations"].double()) * soft_value
-            expected = sum(
-                ((plain.stacked_critic(entry["qf"], i, batch["obs"], batch["actions"]) - target) ** 2).mean()
-                for i in range(3)
-            )
-        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), f"critic step {k}"
+        qf = leaves(entry["qf"])
+        expected = sum(
+            ((plain.stacked_critic(qf, i, batch["obs"], batch["actions"]) - target) ** 2).mean() for i in range(3)
+        )
+        assert_gradients_match(entry["grads"]["qf"], gradients(expected, qf), where)
+        # No gradient through the target: none reaches the target critics, none is added to the policy's or alpha's.
+        assert_no_gradient(entry["grads"]["qf_target"], where)
+        assert_same_gradient(entry["grads"]["actor"], left["actor"], where)
+        assert_same_gradient(entry["grads"]["log_alpha"], left["log_alpha"], where)
+        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), where
         terminal_targets += int(batch["terminations"].sum())
     assert terminal_targets > 10 and undrawn_lower > 10  # the undrawn critic was often the lowest: the draw mattered
     pairs = [frozenset(entry["drawn"].tolist()) for entry in critic_steps]
@@ -176,7 +204,8 @@ def test_the_policy_and_alpha_step_on_the_mean_of_all_critics_towards_the_target
     trace, _ = probed
     assert trace.final["target_entropy"] == TARGET_ENTROPY  # --target-entropy
     following = {id(entry): after for entry, after in zip(trace.backward, trace.backward[1:])}
-    for _, entry in entries_by_step(trace):
+    per_step = entries_by_step(trace)
+    for k, (critics, entry) in enumerate(per_step):
         obs, alpha = entry["batch"]["obs"], entry["log_alpha"].double().exp()
         assert torch.equal(entry["alpha"], entry["log_alpha"].exp())
 
@@ -185,10 +214,24 @@ def test_the_policy_and_alpha_step_on_the_mean_of_all_critics_towards_the_target
             q_mean = torch.stack([plain.stacked_critic(entry["qf"], i, obs, actions) for i in range(3)]).mean(0)
             return (alpha * log_prob - q_mean).mean(), log_prob
 
+        where = f"policy step at t={entry['t']}"
+        # The one backward of the policy loss plus alpha's: alpha a constant in the first, the critics' weights
+        # constants, and the log-probabilities constants in alpha's (only log_alpha gets its gradient).
+        params = leaves(entry["actor"]) | {"log_alpha": entry["log_alpha"].double().requires_grad_(True)}
+        reference_loss, reference_log_prob = policy_loss(params)
+        reference_alpha_loss = (-params["log_alpha"].exp() * (reference_log_prob.detach() + TARGET_ENTROPY)).mean()
+        reference = gradients(reference_loss + reference_alpha_loss, params)
+        assert_gradients_match(entry["grads"]["actor"], reference, where)
+        assert_gradients_match({"log_alpha": entry["grads"]["log_alpha"]}, reference, where)
+        # The critics are held still: no gradient added to theirs (as the last critic step left it), none to the
+        # targets', and their weights are those the next critic step starts from.
+        assert_same_gradient(entry["grads"]["qf"], critics[-1]["grads"]["qf"], where)
+        assert_no_gradient(entry["grads"]["qf_target"], where)
+        if k + 1 < len(per_step):
+            assert_unchanged(entry["qf"], per_step[k + 1][0][0]["qf"], where)
         with torch.no_grad():
             loss, log_prob = policy_loss(entry["actor"])
             alpha_loss = (-alpha * (log_prob + TARGET_ENTROPY)).mean()
-        where = f"policy step at t={entry['t']}"
         assert entry["actor_loss"].item() == pytest.approx(loss.item(), rel=1e-5), where
         assert entry["alpha_loss"].item() == pytest.approx(alpha_loss.item(), rel=1e-5), where
         assert entry["loss"].item() == pytest.approx((loss + alpha_loss).item(), rel=1e-5, abs=1e-6), where
