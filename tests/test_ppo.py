@@ -1,6 +1,6 @@
 """ppo.py: its own loop run under observation (the rollout against the env's stream, GAE from a plain loop, every
-minibatch's loss and optimiser step, learning-rate annealing; the same run is the smoke run), GAE against a plain loop,
-bad input, checkpoints and resume, learning."""
+minibatch's gradient against a float64 reference loss's, its loss and optimiser step, learning-rate annealing; the same
+run is the smoke run), GAE against a plain loop, bad input, checkpoints and resume, learning."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from conftest import (
     script_env,
     sigterm_while_training,
 )
+from update_reference import assert_gradients_match, gradients
 
 TINY = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
 PPO_KEYS = [
@@ -59,7 +60,7 @@ def loop(tmp_path_factory):
 
     cwd = tmp_path_factory.mktemp("loop")
     names = dict(watch=STEP_NAMES, at_backward=BACKWARD_NAMES, final=["next_obs", "action", "reward", "infos"])
-    trace = probe_script("ppo.py", LOOP_FLAGS, cwd, **names, preload=["probe_envs"])
+    trace = probe_script("ppo.py", LOOP_FLAGS, cwd, **names, grads=["agent"], preload=["probe_envs"])
     return trace, cwd
 
 
@@ -172,7 +173,13 @@ def reference_loss(agent: ppo.Agent, mb: dict, clip: float = 0.2, ent_coef: floa
     return loss, ((ratio - 1).abs() > clip).float().mean().item(), moved.float().mean().item()
 
 
-def test_each_minibatch_is_drawn_from_the_rollout_and_its_loss_and_step_match_a_plain_reference(loop):
+def float64_minibatch(mb: dict) -> dict:
+    """The minibatch's floating tensors in float64: the rollout's log-probabilities, values, advantages and returns,
+    constants of the update (recorded, they carry no graph)."""
+    return {key: value.double() if value.is_floating_point() else value for key, value in mb.items()}
+
+
+def test_each_minibatch_is_drawn_from_the_rollout_and_its_gradient_loss_and_step_match_a_plain_reference(loop):
     trace, cwd = loop
     updates = trace.backward
     assert len(updates) == ITERATIONS * 2 * 2  # iterations x epochs x minibatches
@@ -189,6 +196,11 @@ def test_each_minibatch_is_drawn_from_the_rollout_and_its_loss_and_step_match_a_
         # Learning-rate annealing: linear from the full rate at the first iteration towards 0 after the last.
         lr = LEARNING_RATE * (1 - (update["iteration"] - 1) / ITERATIONS)
         assert update["optimizer"]["param_groups"][0]["lr"] == pytest.approx(lr, rel=1e-12)
+        # The gradient the backward() left: that of the reference loss in float64, the rollout's values,
+        # log-probabilities and returns held constant.
+        model = agent_from(update["agent"]).double()
+        expected = gradients(reference_loss(model, float64_minibatch(update["mb"]))[0], dict(model.named_parameters()))
+        assert_gradients_match(update["grads"]["agent"], expected, f"update {k}")
         reference.load_state_dict(update["agent"])
         loss, ratio_clip, value_clip = reference_loss(reference, update["mb"])
         assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-5, abs=1e-6), f"update {k}"

@@ -1,8 +1,8 @@
 """ppo_atari.py: its own loop run under tests/probe.py on a short Breakout (lost lives, games over, time-limit cuts) and
 rebuilt from the envs' stream: the rollout stored as learning sees it, GAE and its bootstrap against a plain loop, each
-epoch's minibatches, every minibatch's clipped PPO loss, every Adam step and the annealed learning rate; GAE over a
-NEXT_STEP-autoreset rollout against a plain loop, the networks, smoke runs on MinAtar and Atari, bad input, SIGKILL +
-resume."""
+epoch's minibatches, every minibatch's clipped PPO loss and its gradient (against a float64 reference's), every Adam
+step and the annealed learning rate; GAE over a NEXT_STEP-autoreset rollout against a plain loop, the networks, smoke
+runs on MinAtar and Atari, bad input, SIGKILL + resume."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
 from probe_atari_envs import SHORT_BREAKOUT
+from update_reference import assert_gradients_match, gradients
 
 MINATAR_TINY = ["--env-id", "MinAtar/Breakout-v1", "--num-envs", "4", "--num-steps", "32"]
 PPO_KEYS = [
@@ -208,8 +209,9 @@ def learning_view(stream: dict) -> dict:
 
 
 def policy_and_value(agent, obs: torch.Tensor, obs_high: float):
-    """The policy (a Categorical) and the value of the agent's torso and heads on uint8 observations."""
-    hidden = agent.network(obs.float() / obs_high)
+    """The policy (a Categorical) and the value of the agent's torso and heads on uint8 observations (in the agent's
+    floating type)."""
+    hidden = agent.network(obs.to(agent.actor.weight.dtype) / obs_high)
     return torch.distributions.Categorical(logits=agent.actor(hidden)), agent.critic(hidden).squeeze(-1)
 
 
@@ -232,17 +234,25 @@ def reference_loss(agent, mb: dict, obs_high: float, clip: float):
     return clipped_ppo_loss(*policy_and_value(agent, mb["obs"], obs_high), mb, clip)
 
 
+def float64_minibatch(mb: dict) -> dict:
+    """The minibatch's floating tensors in float64: the rollout's log-probabilities, values, advantages and returns,
+    constants of the update (recorded, they carry no graph)."""
+    return {key: value.double() if value.is_floating_point() else value for key, value in mb.items()}
+
+
 def assert_adam_steps(updates: list[dict], final_agent: dict, model, lrs: list[float], max_grad_norm: float = 0.5):
-    """Every update's parameters are the previous ones after one Adam step (eps 1e-5, lr lrs[k]) on the reference
-    loss's gradient clipped to max_grad_norm; `updates` carry "agent" (the parameters the loss was computed with) and
-    "minibatch" (what reference_loss takes, as a closure of the model)."""
+    """Every update's parameters are the previous ones after one Adam step (eps 1e-5, lr lrs[k]) on the gradient its
+    backward() left, clipped to max_grad_norm; `updates` carry "agent" (the parameters the loss was computed with) and
+    "grads" (that gradient by parameter name, None where none reached the parameter: the gradient tests check it
+    against the reference loss's, in float64)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lrs[0], eps=1e-5)
     afters = [update["agent"] for update in updates[1:]] + [final_agent]
     for k, (update, after) in enumerate(zip(updates, afters)):
         model.load_state_dict(update["agent"])  # in place: the optimiser's state goes on with the same tensors
         optimizer.param_groups[0]["lr"] = lrs[k]
-        optimizer.zero_grad()
-        update["loss_of"](model).backward()
+        for name, param in model.named_parameters():
+            grad = update["grads"][name]
+            param.grad = None if grad is None else grad.clone()
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
         for name, tensor in model.state_dict().items():
@@ -284,6 +294,7 @@ def atari_loop(tmp_path_factory) -> AtariLoop:
         cwd,
         watch=["next_obs", "action"],
         at_backward=UPDATE_NAMES,
+        grads=["agent"],
         final=["action", "agent"],
         preload=["probe_atari_envs"],
     )
@@ -382,26 +393,24 @@ def test_each_epoch_takes_every_transition_once_with_the_rollouts_log_probabilit
                 assert torch.allclose(update["mb"][key], expected[key], atol=1e-5), key
 
 
-def test_every_minibatch_loss_is_the_clipped_ppo_loss_of_its_rows(atari_loop):
+def test_every_minibatch_gradient_and_loss_are_those_of_the_clipped_ppo_loss_of_its_rows(atari_loop):
     clipped = 0
-    for update in atari_loop.trace.backward:
-        agent = agent_from(update["agent"])
-        with torch.no_grad():
-            expected = reference_loss(agent, update["mb"], 255.0, CLIP)
-            ratio = torch.exp(
-                policy_and_value(agent, update["mb"]["obs"], 255.0)[0].log_prob(update["mb"]["actions"])
-                - update["mb"]["logprobs"]
-            )
+    for k, update in enumerate(atari_loop.trace.backward):
+        # The gradient the backward() left is the reference loss's, in float64, with the rollout's values,
+        # log-probabilities and returns held constant; then the loss's value.
+        mb, agent = float64_minibatch(update["mb"]), agent_from(update["agent"]).double()
+        policy, value = policy_and_value(agent, mb["obs"], 255.0)
+        expected = clipped_ppo_loss(policy, value, mb, CLIP)
+        grads = gradients(expected, dict(agent.named_parameters()))
+        assert_gradients_match(update["grads"]["agent"], grads, f"update {k}")
         assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
+        ratio = torch.exp(policy.log_prob(mb["actions"]) - mb["logprobs"]).detach()
         clipped += int(((ratio - 1).abs() > CLIP).sum())
     assert clipped > 0, "some ratios should be clipped for this test to mean anything"
 
 
 def test_every_gradient_step_is_adam_on_the_clipped_gradient_at_the_annealed_learning_rate(atari_loop):
-    updates = [
-        dict(agent=u["agent"], loss_of=lambda model, mb=u["mb"]: reference_loss(model, mb, 255.0, CLIP))
-        for u in atari_loop.trace.backward
-    ]
+    updates = [dict(agent=u["agent"], grads=u["grads"]["agent"]) for u in atari_loop.trace.backward]
     lrs = [LR * (1 - (k // (EPOCHS * MINIBATCHES)) / ITERATIONS) for k in range(len(updates))]
     assert_adam_steps(updates, atari_loop.trace.final["agent"], ppo_atari.Agent((4, 84, 84), 4, 255.0), lrs)
     logged = read_scalars(atari_loop.run_dir)["charts/learning_rate"]

@@ -1,7 +1,7 @@
 """ppo_atari_envpool.py: its own loop run under tests/probe.py on envpool's Breakout and rebuilt from the envs' stream
 (the rollout as learning sees it, GAE and its bootstrap, the autoreset steps left out of the batch, every minibatch's
-clipped PPO loss normalised over the minibatch, every Adam step, whole-game scores); envpool's own episodic_life, GAE
-against a plain loop, bad input, SIGKILL + resume."""
+clipped PPO loss normalised over the minibatch and its gradient (against a float64 reference's), every Adam step,
+whole-game scores); envpool's own episodic_life, GAE against a plain loop, bad input, SIGKILL + resume."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpo
 from test_ppo_atari import (
     actions_taken,
     assert_adam_steps,
+    float64_minibatch,
     learning_view,
     loop_steps,
     policy_and_value,
@@ -23,6 +24,7 @@ from test_ppo_atari import (
     reference_loss,
     replay_stream,
 )
+from update_reference import assert_gradients_match, gradients
 
 pytest.importorskip("envpool")
 
@@ -159,7 +161,7 @@ def envpool_loop(tmp_path_factory) -> EnvpoolLoop:
     from cleanrl_utils.envs.envpool_atari import make_envs
 
     cwd = tmp_path_factory.mktemp("loop")
-    names = dict(watch=["next_obs", "action"], at_backward=UPDATE_NAMES, final=["action", "agent"])
+    names = dict(watch=["next_obs", "action"], at_backward=UPDATE_NAMES, grads=["agent"], final=["action", "agent"])
     trace = probe_script("ppo_atari_envpool.py", FLAGS, cwd, **names)
     stream = replay_stream(make_envs("Breakout-v5", NUM_ENVS), 1, actions_taken(trace))
     (run_dir,) = run_dirs(cwd)
@@ -229,25 +231,25 @@ def expected_minibatches(loop: EnvpoolLoop) -> list[dict]:
     return minibatches
 
 
-def test_each_update_takes_every_transition_once_and_its_loss_is_the_clipped_ppo_loss(envpool_loop):
+def test_each_update_takes_every_transition_once_with_the_gradient_and_loss_of_the_clipped_ppo_loss(envpool_loop):
     updates = envpool_loop.trace.backward
     assert len(updates) == ITERATIONS * MINIBATCHES
     for iteration, rows in iterations(envpool_loop):
         taken = torch.cat([update["mb_inds"] for update in iteration])  # one epoch
         expected = np.flatnonzero(~envpool_loop.learning["resets"][rows].reshape(-1))
         assert sorted(taken.tolist()) == expected.tolist(), "an epoch takes each transition once, no autoreset step"
-    for update, mb in zip(updates, expected_minibatches(envpool_loop)):
-        with torch.no_grad():
-            expected = reference_loss(agent_from(update["agent"]), mb, 255.0, CLIP)
+    for k, (update, mb) in enumerate(zip(updates, expected_minibatches(envpool_loop))):
+        # The gradient the backward() left is the reference loss's, in float64, with the rollout's values,
+        # log-probabilities and returns held constant; then the loss's value.
+        agent = agent_from(update["agent"]).double()
+        expected = reference_loss(agent, float64_minibatch(mb), 255.0, CLIP)
+        grads = gradients(expected, dict(agent.named_parameters()))
+        assert_gradients_match(update["grads"]["agent"], grads, f"update {k}")
         assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
 
 
 def test_every_gradient_step_is_adam_on_the_clipped_gradient_at_the_annealed_learning_rate(envpool_loop):
-    minibatches = expected_minibatches(envpool_loop)
-    updates = [
-        dict(agent=u["agent"], loss_of=lambda model, mb=mb: reference_loss(model, mb, 255.0, CLIP))
-        for u, mb in zip(envpool_loop.trace.backward, minibatches)
-    ]
+    updates = [dict(agent=u["agent"], grads=u["grads"]["agent"]) for u in envpool_loop.trace.backward]
     lrs = [LR * (1 - (k // MINIBATCHES) / ITERATIONS) for k in range(len(updates))]
     assert_adam_steps(updates, envpool_loop.trace.final["agent"], ppo_atari_envpool.Agent((4, 84, 84), 4), lrs)
     logged = read_scalars(envpool_loop.run_dir)["charts/learning_rate"]

@@ -1,11 +1,12 @@
 """ppo_atari_multigpu.py under torchrun on the CPU (gloo), 2 ranks on MinAtar, each rank's own loop observed by
 tests/probe.py (nproc=2) and rebuilt from its games replayed in envs seeded seed + rank x local_num_envs: each rank's
-rollout as learning sees it and its GAE by a plain loop, every rank's loss on its share of the minibatch with the
-advantages normalised over all ranks' shares, every Adam step on the gradient averaged over the ranks then clipped,
-identical parameters on every rank, a --target-kl early stop in the same update on all ranks, rank 0 alone writing,
-SIGTERM to one rank stopping all of them, and the 2-rank checkpoint resumed exactly over two "nodes" (two torchrun
-launches meeting at a c10d rendezvous on localhost). The script's collectives (the KL early stop, the global mean
-and std, the gradient average) on two spawned gloo ranks whose inputs differ. Bad input, and the GPU count check.
+rollout as learning sees it and its GAE by a plain loop, every rank's loss and gradient (against a float64 reference's)
+on its share of the minibatch with the advantages normalised over all ranks' shares, every Adam step on the gradient
+averaged over the ranks then clipped, identical parameters on every rank, a --target-kl early stop in the same update on
+all ranks, rank 0 alone writing, SIGTERM to one rank stopping all of them, and the 2-rank checkpoint resumed exactly
+over two "nodes" (two torchrun launches meeting at a c10d rendezvous on localhost). The script's collectives (the KL
+early stop, the global mean and std, the gradient average) on two spawned gloo ranks whose inputs differ. Bad input, and
+the GPU count check.
 
 The resume and SIGTERM runs go through `rank.py` below, which records the seeds the script gives its vector env
 and, when the script is done, saves that rank's agent and optimiser state for the test to compare."""
@@ -30,12 +31,14 @@ from test_ppo_atari import (
     actions_taken,
     assert_adam_steps,
     clipped_ppo_loss,
+    float64_minibatch,
     learning_view,
     loop_steps,
     policy_and_value,
     reference_gae,
     replay_stream,
 )
+from update_reference import assert_gradients_match, gradients
 
 from cleanrl_utils.envs.atari import make_envs
 
@@ -131,7 +134,9 @@ def two_ranks(tmp_path_factory) -> TwoRanks:
     from probe import probe_script
 
     cwd = tmp_path_factory.mktemp("two_ranks")
-    names = dict(watch=["next_obs", "action"], at_backward=UPDATE_NAMES, final=["action", "agent", "optimizer"])
+    names = dict(
+        watch=["next_obs", "action"], at_backward=UPDATE_NAMES, grads=["agent"], final=["action", "agent", "optimizer"]
+    )
     trace = probe_script("ppo_atari_multigpu.py", FLAGS, cwd, nproc=2, **names)
     streams = [
         replay_stream(make_envs("MinAtar/Breakout-v1", LOCAL_ENVS), 1 + rank * LOCAL_ENVS, actions_taken(ranked))
@@ -199,25 +204,31 @@ def minibatch_losses(model, shares: list[dict]) -> list[torch.Tensor]:
     ]
 
 
-def test_every_ranks_loss_is_its_share_of_the_minibatch_normalised_over_all_ranks(two_ranks):
+def test_every_ranks_gradient_and_loss_are_its_share_of_the_minibatch_normalised_over_all_ranks(two_ranks):
     zero, one = (ranked.backward for ranked in two_ranks.ranks)
     assert len(zero) == len(one) == ITERATIONS * MINIBATCHES
     for k, updates in enumerate(zip(zero, one)):
         assert_same_parameters(updates)  # every rank computes with the same parameters
         model = ppo_atari_multigpu.Agent((4, 10, 10), 3, 1.0)
         model.load_state_dict(updates[0]["agent"])
-        with torch.no_grad():
-            expected = minibatch_losses(model, [update["mb"] for update in updates])
+        model.double()
+        expected = minibatch_losses(model, [float64_minibatch(update["mb"]) for update in updates])
         for rank, update in enumerate(updates):
+            # What backward() left on this rank, before the script averages it over the ranks: the gradient of this
+            # rank's reference loss, in float64, with the rollout's values, log-probabilities and returns held
+            # constant; then the loss's value.
+            grads = gradients(expected[rank], dict(model.named_parameters()))
+            assert_gradients_match(update["grads"]["agent"], grads, f"update {k}, rank {rank}")
             assert update["loss"].item() == pytest.approx(expected[rank].item(), rel=1e-5, abs=1e-6), (k, rank)
 
 
 def test_every_gradient_step_is_adam_on_the_gradient_averaged_over_ranks_then_clipped(two_ranks):
     zero, one = (ranked.backward for ranked in two_ranks.ranks)
-    updates = [
-        dict(agent=a["agent"], loss_of=lambda model, mbs=(a["mb"], b["mb"]): sum(minibatch_losses(model, mbs)) / 2)
-        for a, b in zip(zero, one)
-    ]
+    # The gradient each rank's backward() left (its own loss's: checked above), averaged over the two ranks.
+    updates = []
+    for a, b in zip(zero, one):
+        grads = {name: (grad + b["grads"]["agent"][name]) / 2 for name, grad in a["grads"]["agent"].items()}
+        updates.append(dict(agent=a["agent"], grads=grads))
     lrs = [LR * (1 - (k // MINIBATCHES) / ITERATIONS) for k in range(len(updates))]
     model = ppo_atari_multigpu.Agent((4, 10, 10), 3, 1.0)
     assert_adam_steps(updates, two_ranks.ranks[0].final["agent"], model, lrs)

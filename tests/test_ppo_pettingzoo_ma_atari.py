@@ -2,8 +2,9 @@
 vector env (cleanrl_utils/envs/pettingzoo_atari.py) against PettingZoo's raw game stepped by hand, and its saved state
 continuing exactly; GAE against a plain loop; the script's own loop under tests/probe.py on short pong_v3 games (cut at
 40 steps), rebuilt from the envs' stream: both agents' observations, indicators, rewards and flags in their slots, GAE
-and its bootstrap, each epoch's minibatches and every minibatch's clipped PPO loss; the per-agent whole-game scores, the
-saved model evaluated; SIGKILL + --resume reproducing the run exactly; bad input."""
+and its bootstrap, each epoch's minibatches and every minibatch's clipped PPO loss and its gradient (against a float64
+reference's); the per-agent whole-game scores, the saved model evaluated; SIGKILL + --resume reproducing the run
+exactly; bad input."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import ppo_pettingzoo_ma_atari as script
 import pytest
 import torch
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, gradients
 
 from cleanrl_utils.envs.pettingzoo_atari import PettingZooAtariEnvs, make_game
 
@@ -228,6 +230,7 @@ def loop(tmp_path_factory) -> Loop:
         cwd,
         watch=["next_obs", "action"],
         at_backward=["mb", "agent", "mb_inds", "iteration", "epoch", *ROLLOUT_NAMES],
+        grads=["agent"],
         final=["action"],
     )
     envs = PettingZooAtariEnvs("pong_v3", NUM_ENVS // 2, 1, MAX_CYCLES)
@@ -256,11 +259,32 @@ def observations(frames: np.ndarray) -> torch.Tensor:
     return torch.cat([frames, planes], dim=-3)
 
 
-def policy_and_value(state: dict, obs: torch.Tensor):
+def agent_from(state: dict) -> script.Agent:
     agent = script.Agent(4, 2, 6)
     agent.load_state_dict(state)
-    hidden = agent.network(obs.float() / 255.0)
+    return agent
+
+
+def heads(agent: script.Agent, obs: torch.Tensor):
+    """The policy (a Categorical) and the value of `agent` on uint8 observations, in the agent's floating type."""
+    hidden = agent.network(obs.to(agent.actor.weight.dtype) / 255.0)
     return torch.distributions.Categorical(logits=agent.actor(hidden)), agent.critic(hidden).squeeze(-1)
+
+
+def policy_and_value(state: dict, obs: torch.Tensor):
+    return heads(agent_from(state), obs)
+
+
+def reference_loss(agent: script.Agent, mb: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clipped PPO loss (Schulman et al. 2017) with CleanRL's clipped value loss of `agent` on the minibatch `mb`,
+    the advantages normalised over its rows, and the probability ratios."""
+    policy, value = heads(agent, mb["obs"])
+    ratio = torch.exp(policy.log_prob(mb["actions"]) - mb["logprobs"])
+    adv = (mb["advantages"] - mb["advantages"].mean()) / (mb["advantages"].std() + 1e-8)
+    surrogate = torch.min(ratio * adv, ratio.clamp(1 - CLIP, 1 + CLIP) * adv).mean()
+    value_clipped = mb["values"] + (value - mb["values"]).clamp(-CLIP, CLIP)
+    v_loss = 0.5 * torch.max((value - mb["returns"]) ** 2, (value_clipped - mb["returns"]) ** 2).mean()
+    return -surrogate + 0.5 * v_loss - 0.01 * policy.entropy().mean(), ratio.detach()
 
 
 def rollouts(loop: Loop):
@@ -307,7 +331,15 @@ def test_advantages_are_gae_per_slot_bootstrapped_from_the_observation_after_the
         assert np.allclose(update["returns"].numpy()[transitions], (expected + values)[transitions], atol=1e-5)
 
 
-def test_each_epoch_takes_both_agents_transitions_once_and_every_loss_is_the_clipped_ppo_loss(loop):
+# The run's first update (the networks as initialised, values and TD errors near 0: rewards are rare in Pong) is off by
+# 5.7e-5 (the critic's bias; every tensor whose gradient the value loss leads, 3e-5 to 6e-5), and the same loss computed
+# in float32 by the test is off by as much there: float32 rounding of the values against TD errors near 0. Every later
+# update: 3.4e-6 at most. A flipped entropy bonus moves them by 1.2e-4 at the first update and 2.6e-3 to 8.1e-3 at the
+# others.
+GRADIENT_RTOL = 1e-4
+
+
+def test_each_epoch_takes_both_agents_transitions_once_with_the_gradient_and_loss_of_the_clipped_ppo_loss(loop):
     updates = loop.trace.backward
     assert len(updates) == ITERATIONS * EPOCHS * MINIBATCHES
     actions, clipped = actions_taken(loop.trace), 0
@@ -317,22 +349,23 @@ def test_each_epoch_takes_both_agents_transitions_once_and_every_loss_is_the_cli
         for epoch in range(EPOCHS):
             taken = torch.cat([u["mb_inds"] for u in iteration if u["epoch"] == epoch])
             assert sorted(taken.tolist()) == transitions.tolist()
-        for update in iteration:
+        for j, update in enumerate(iteration):
             t, slot = update["mb_inds"] // NUM_ENVS + rows.start, update["mb_inds"] % NUM_ENVS
             obs = observations(loop.stream["obs"][t.numpy()])[torch.arange(len(t)), slot]
             mb = update["mb"]
             assert torch.equal(mb["obs"], obs) and mb["actions"].tolist() == actions[t.numpy(), slot.numpy()].tolist()
             with torch.no_grad():
                 old_policy, old_values = policy_and_value(first["agent"], obs)
-                policy, value = policy_and_value(update["agent"], obs)
             assert torch.allclose(mb["logprobs"], old_policy.log_prob(mb["actions"]), atol=1e-5)
             assert torch.allclose(mb["values"], old_values, atol=1e-5)
-            ratio = torch.exp(policy.log_prob(mb["actions"]) - mb["logprobs"])
-            adv = (mb["advantages"] - mb["advantages"].mean()) / (mb["advantages"].std() + 1e-8)
-            surrogate = torch.min(ratio * adv, ratio.clamp(1 - CLIP, 1 + CLIP) * adv).mean()
-            value_clipped = mb["values"] + (value - mb["values"]).clamp(-CLIP, CLIP)
-            v_loss = 0.5 * torch.max((value - mb["returns"]) ** 2, (value_clipped - mb["returns"]) ** 2).mean()
-            expected = -surrogate + 0.5 * v_loss - 0.01 * policy.entropy().mean()
+            # The gradient the backward() left is the reference loss's, in float64, with the rollout's values,
+            # log-probabilities and returns held constant; then the loss's value.
+            agent = agent_from(update["agent"]).double()
+            mb64 = {key: value.double() if value.is_floating_point() else value for key, value in mb.items()}
+            expected, ratio = reference_loss(agent, mb64)
+            grads = gradients(expected, dict(agent.named_parameters()))
+            where = f"iteration {first['iteration']}, update {j}"
+            assert_gradients_match(update["grads"]["agent"], grads, where, rtol=GRADIENT_RTOL)
             assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
             clipped += int(((ratio - 1).abs() > CLIP).sum())
     assert clipped > 0, "some ratios should be clipped for this test to mean anything"
