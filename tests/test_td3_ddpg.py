@@ -1,5 +1,6 @@
 """td3_continuous_action.py and ddpg_continuous_action.py: each script's own loop under tests/probe.py (stored rows,
-every critic and actor loss against a plain reference, the delayed actor, Polyak targets, exploration noise); smoke
+every critic and actor loss and its gradients against a plain reference, no gradient into the targets, the critic
+unmoved by the actor step, the delayed actor, Polyak targets, exploration noise); smoke
 runs on classic control, MuJoCo and dm_control; the action maths, the twin critic (against two plain q_networks) and
 the replay buffer's named fields against the definitions; bad input; checkpoints and exact resume; learning
 Pendulum."""
@@ -28,6 +29,7 @@ from conftest import (
     run_script,
     sigterm_while_training,
 )
+from update_reference import assert_gradients_match, assert_unchanged, gradients, leaves
 
 SCRIPTS = {"td3": "td3_continuous_action.py", "ddpg": "ddpg_continuous_action.py"}
 MODULES = {"td3": td3, "ddpg": ddpg}
@@ -51,7 +53,8 @@ LOW, HIGH = torch.tensor([-1.0, 0.0, -3.0]), torch.tensor([2.0, 5.0, -1.0])
 # by termination or truncation, asymmetric action bounds), 2 envs: 80 steps of random actions, then 24 gradient steps
 # (12 of the actor and the targets). The tests rebuild what the loop stored and computed from the copies, with plain
 # references written from the definitions; the networks are read from their state dicts, never run through the
-# scripts' forward(). The run also logs once (at step 100): its TensorBoard keys are the smoke test.
+# scripts' forward(), and each backward()'s gradients are compared with a float64 reference loss's. The run also logs
+# once (at step 100): its TensorBoard keys are the smoke test.
 PROBE_FLAGS = ["--env-id", "ProbeDrift-v0", "--num-envs", "2", "--buffer-size", "120", "--batch-size", "16"]
 PROBE_FLAGS += ["--learning-starts", "80", "--total-timesteps", "104", "--gamma", "0.9", "--tau", "0.1"]
 PROBE_FLAGS += ["--exploration-noise", "0.3"]
@@ -79,6 +82,7 @@ def probed(tmp_path_factory):
                 cwd,
                 watch=PROBE_STEP_NAMES,
                 at_backward=at_backward,
+                grads=PROBE_NETWORKS,
                 final=["rb"],
                 preload=["probe_box_envs"],
             )
@@ -141,6 +145,20 @@ def actor_entries(trace, algo: str) -> list[dict]:
     return [entry for entry in trace.backward if not any(entry is critic for critic in critics)]
 
 
+def assert_no_gradient(grads: dict, networks: tuple[str, ...], where: str) -> None:
+    """No gradient reached these networks' parameters: their recorded .grad is None (or zero)."""
+    for network in networks:
+        reached = [name for name, grad in grads[network].items() if grad is not None and grad.any()]
+        assert not reached, f"{where}: {network}'s {', '.join(reached)} got a gradient"
+
+
+def assert_same_gradient(got: dict, before: dict, where: str) -> None:
+    """A module's recorded .grad is what an earlier backward left: nothing was added."""
+    for name, grad in got.items():
+        same = grad is None and before[name] is None or grad is not None and torch.equal(grad, before[name])
+        assert same, f"{where}: {name} got a gradient"
+
+
 @pytest.mark.parametrize("algo", ["td3", "ddpg"])
 def test_each_critic_update_regresses_on_the_target_networks_bootstrap_from_real_transitions(probed, algo):
     trace, _ = probed(algo)
@@ -150,10 +168,12 @@ def test_each_critic_update_regresses_on_the_target_networks_bootstrap_from_real
     assert [entry["update"] for entry in updates] == list(range(LEARNING_STARTS + 1, 105))  # one per env step
     low, high = torch.tensor([-1.0, 0.0], dtype=torch.float64), torch.tensor([2.0, 5.0], dtype=torch.float64)
     terminal_targets, clipped_noise = 0, 0
+    actor_grads = dict.fromkeys(updates[0]["grads"]["actor"])  # as the latest actor step left them (none yet)
+    actor_steps = {entry["update"]: entry for entry in actor_entries(trace, algo)}
     for entry in updates:
-        batch = entry["batch"]
+        batch, where = entry["batch"], f"update {entry['update']}"
         assert all(plain.row_key(batch, i) in stored for i in range(16)), "a sampled row was never stored"
-        with torch.no_grad():
+        with torch.no_grad():  # the target held constant, from the target actor and critic(s)
             next_actions = plain.deterministic_actor(entry["target_actor"], batch["next_obs"])
             if algo == "td3":  # target policy smoothing: clipped noise in half-ranges, then the bounds
                 scale = (high - low) / 2
@@ -166,12 +186,18 @@ def test_each_critic_update_regresses_on_the_target_networks_bootstrap_from_real
             else:
                 next_q = plain_critic(algo, entry["target_critic"], 0, batch["next_obs"], next_actions)
             target = batch["rewards"].double() + GAMMA * (1 - batch["terminations"].double()) * next_q
-            critics = (0, 1) if algo == "td3" else (0,)
-            expected = sum(
-                ((plain_critic(algo, entry["critic"], i, batch["obs"], batch["actions"]) - target) ** 2).mean()
-                for i in critics
-            )
-        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), f"update {entry['update']}"
+        critic = leaves(entry["critic"])
+        expected = sum(
+            ((plain_critic(algo, critic, i, batch["obs"], batch["actions"]) - target) ** 2).mean()
+            for i in ((0, 1) if algo == "td3" else (0,))
+        )
+        assert_gradients_match(entry["grads"]["critic"], gradients(expected, critic), where)
+        # No gradient through the target: none reaches the target networks, none is added to the actor's.
+        assert_no_gradient(entry["grads"], ("target_actor", "target_critic"), where)
+        assert_same_gradient(entry["grads"]["actor"], actor_grads, where)
+        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), where
+        if entry["update"] in actor_steps:
+            actor_grads = actor_steps[entry["update"]]["grads"]["actor"]
         terminal_targets += int(batch["terminations"].sum())
     assert terminal_targets > 10, "sampled transitions should end episodes"
     if algo == "td3":
@@ -187,14 +213,20 @@ def test_the_actor_climbs_the_first_critic_every_policy_frequency_updates_on_the
     assert [entry["update"] for entry in actors] == list(range(LEARNING_STARTS + 2, 105, 2))  # delayed: every 2nd
     by_update = {entry["update"]: entry for entry in critics}
     for entry in actors:
-        obs = by_update[entry["update"]]["batch"]["obs"]  # the critics' minibatch of the same update
+        update, where = entry["update"], f"update {entry['update']}"
+        obs = by_update[update]["batch"]["obs"]  # the critics' minibatch of the same update
         if algo == "td3":
             assert torch.equal(entry["obs"], obs)
-        with torch.no_grad():
-            expected = -plain_critic(
-                algo, entry["critic"], 0, obs, plain.deterministic_actor(entry["actor"], obs)
-            ).mean()
-        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), f"update {entry['update']}"
+        actor = leaves(entry["actor"])  # the critic's weights held constant
+        expected = -plain_critic(algo, entry["critic"], 0, obs, plain.deterministic_actor(actor, obs)).mean()
+        assert_gradients_match(entry["grads"]["actor"], gradients(expected, actor), where)
+        # The critic is held still: no gradient added to its own (as its step left it), none to the targets', and its
+        # weights are those the next critic step starts from.
+        assert_same_gradient(entry["grads"]["critic"], by_update[update]["grads"]["critic"], where)
+        assert_no_gradient(entry["grads"], ("target_actor", "target_critic"), where)
+        if update + 1 in by_update:
+            assert_unchanged(entry["critic"], by_update[update + 1]["critic"], where)
+        assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), where
         # The critic it climbs is the one this update's critic step left (the step came first).
         first_weight = next(iter(entry["critic"]))
         assert not torch.equal(entry["critic"][first_weight], by_update[entry["update"]]["critic"][first_weight])
