@@ -2,9 +2,9 @@
 truncations inside the rollout and rho/c clipping active; V-trace on on-policy data equals the n-step bootstrapped
 returns; a real Ray actor on an ALE game (seeded with one int: ale-py takes no list) whose rollouts are replayed here
 row by row and whose log-probabilities are those of the weights version each names; the learner's own loop under
-tests/probe.py on Breakout with 2 actors (behaviour log-probabilities by version, every loss against a plain V-trace
-loss from the learner's weights, and the run's TensorBoard keys, learning-rate schedule, policy lag and saved model);
-bad input, before Ray (the environment id check is ppo_atari's, tested there).
+tests/probe.py on Breakout with 2 actors (behaviour log-probabilities by version, every loss and its gradient against a
+plain V-trace loss from the learner's weights, and the run's TensorBoard keys, learning-rate schedule, policy lag and
+saved model); bad input, before Ray (the environment id check is ppo_atari's, tested there).
 
 One Ray cluster (2 CPUs, no dashboard) serves the whole module: the run joins it with --ray-address."""
 
@@ -19,6 +19,7 @@ import pytest
 import ray
 import torch
 from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, gradients
 
 from cleanrl_utils.envs.atari import make_envs
 
@@ -230,8 +231,10 @@ def test_an_actors_rollouts_hold_what_its_games_returned_and_the_logprobs_of_the
 # FIRE) with 2 actors, and at every backward() the probe copies the rollouts the update took and the learner's
 # weights. From those alone the tests recompute the behaviour log-probabilities (the weights of the version each
 # rollout names: the learner's at that update's backward), and each loss from a plain V-trace (reference_vtrace above)
-# over the learner's own log-probabilities and values. The same run is the smoke test: TensorBoard keys, the learning
-# rate schedule, the policy lag, the saved model and its evaluation.
+# over the learner's own log-probabilities and values, and its gradient, in float64, with the V-trace targets and
+# advantages held constant. The learner runs in the script's main process and thread (the actors are Ray processes),
+# so the probe sees its backward() and reads the agent's gradients. The same run is the smoke test: TensorBoard keys,
+# the learning rate schedule, the policy lag, the saved model and its evaluation.
 LEARNER_FLAGS = ["--env-id", "BreakoutNoFrameskip-v4", "--torch-threads", "1", "--num-actors", "2"]
 LEARNER_FLAGS += ["--local-num-envs", "2", "--num-steps", "50", "--rollouts-per-update", "2"]
 LEARNER_FLAGS += ["--total-timesteps", "800"]
@@ -245,7 +248,9 @@ def learner_run(cluster, tmp_path_factory):
 
     cwd = tmp_path_factory.mktemp("learner")
     flags = [*LEARNER_FLAGS, "--ray-address", cluster]
-    trace = probe_script("impala_atari.py", flags, cwd, at_backward=["rollouts", "agent", "update"], timeout=600)
+    trace = probe_script(
+        "impala_atari.py", flags, cwd, at_backward=["rollouts", "agent", "update"], grads=["agent"], timeout=600
+    )
     (run_dir,) = run_dirs(cwd)
     return trace, run_dir
 
@@ -275,7 +280,7 @@ def test_each_rollout_was_played_with_the_weights_of_the_version_it_names(learne
     assert max(lags) >= 1, "some rollouts should be older than the policy that learns from them"
 
 
-def test_each_loss_is_the_v_trace_loss_of_its_batch_under_the_learners_weights(learner_run):
+def test_each_gradient_step_is_the_gradient_of_the_v_trace_loss_of_its_batch_under_the_learners_weights(learner_run):
     trace, _ = learner_run
     cut_at_life_loss = off_policy = 0
     for update in trace.backward:
@@ -283,14 +288,18 @@ def test_each_loss_is_the_v_trace_loss_of_its_batch_under_the_learners_weights(l
         batch = {key: np.concatenate([r[key] for r in rollouts], axis=1) for key in impala_atari.BATCH_FIELDS}
         obs = torch.tensor(batch["obs"])  # [T + 1, B, 4, 84, 84]
         T, B = batch["actions"].shape
-        with torch.no_grad():
-            log_probs, values = learner_agent(update["agent"])(obs.flatten(0, 1))
-        log_probs, values = log_probs.view(T + 1, B, -1).double(), values.view(T + 1, B).double()
+        # The learner's network in float64 (its forward casts frames to float32, so its layers are called here).
+        agent = learner_agent(update["agent"]).double()
+        hidden = agent.network(obs.flatten(0, 1).double() / 255.0)
+        log_probs, values = torch.log_softmax(agent.actor(hidden), -1), agent.critic(hidden).squeeze(-1)
+        log_probs, values = log_probs.view(T + 1, B, -1), values.view(T + 1, B)
         target = log_probs[:-1].gather(-1, torch.tensor(batch["actions"]).unsqueeze(-1)).squeeze(-1)
         mu = torch.tensor(batch["logprobs"]).double()
         assert set(np.unique(batch["rewards"])) <= {-1.0, 0.0, 1.0}
+        # V-trace targets and policy-gradient advantages are constants (Python floats): no gradient through the
+        # importance weights or the values they are computed from.
         vs, advantages = reference_vtrace(
-            *as_lists(mu, target, torch.tensor(batch["rewards"]), values[:-1], values[1:]),
+            *as_lists(mu, target.detach(), torch.tensor(batch["rewards"]), values[:-1].detach(), values[1:].detach()),
             *as_lists(torch.tensor(batch["terminations"]), torch.tensor(batch["truncations"])),
             GAMMA,
             1.0,
@@ -304,9 +313,11 @@ def test_each_loss_is_the_v_trace_loss_of_its_batch_under_the_learners_weights(l
             + 0.5 * 0.5 * ((vs - values[:-1]) ** 2 * transitions).sum()
             - 0.01 * (entropy * transitions).sum()
         )
-        assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-4), update["update"]
+        where = f"update {update['update']}"
+        assert_gradients_match(update["grads"]["agent"], gradients(expected, dict(agent.named_parameters())), where)
+        assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-4), where
         cut_at_life_loss += int(batch["terminations"].sum())
-        off_policy += int((target - mu).abs().max() > 0.05)
+        off_policy += int((target.detach() - mu).abs().max() > 0.05)
     assert cut_at_life_loss >= 2, "lost lives should end some training episodes inside the batches"
     assert off_policy >= 2, "the importance weights should matter in some updates"
 
