@@ -1,6 +1,7 @@
 """dqn.py: its own loop run under observation (replay rows against the env's stream, every update's loss against the
 DQN target from the sampled rows and the copied networks, target-network copies, epsilon; the same run is the smoke
-run), TD target and replay buffer against the definitions, bad input, checkpoints and resume, learning."""
+run; every update's gradient against a float64 reference loss's, none reaching the target network), TD target and
+replay buffer against the definitions, bad input, checkpoints and resume, learning."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import dqn
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import (
     ROOT,
     assert_bad_input,
@@ -25,6 +27,7 @@ from conftest import (
     script_env,
     sigterm_while_training,
 )
+from update_reference import assert_gradients_match, gradients, leaves
 
 SMALL = [
     "--num-envs",
@@ -91,7 +94,7 @@ def loop(tmp_path_factory):
     from probe import probe_script
 
     cwd = tmp_path_factory.mktemp("loop")
-    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, final=["rb"])
+    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, grads=["q_network", "target_network"], final=["rb"])
     return probe_script("dqn.py", LOOP_FLAGS, cwd, **names, preload=["probe_envs"]), cwd
 
 
@@ -146,28 +149,44 @@ def test_the_replay_buffer_holds_each_step_with_its_true_next_observation_and_te
     assert min(ends.values()) >= 3, ends
 
 
+def mlp_q(params: dict, obs: torch.Tensor) -> torch.Tensor:
+    """Q-values from a QNetwork's weights (two hidden ReLU layers of 120 and 84 units)."""
+    h = F.relu(F.linear(obs, params["fc1.weight"], params["fc1.bias"]))
+    h = F.relu(F.linear(h, params["fc2.weight"], params["fc2.bias"]))
+    return F.linear(h, params["fc3.weight"], params["fc3.bias"])
+
+
+def assert_no_gradient(grads: dict, where: str) -> None:
+    """No gradient reached these parameters (None, or zeros)."""
+    for name, grad in grads.items():
+        assert grad is None or not grad.any(), f"{where}: {name} received a gradient"
+
+
 def test_each_update_samples_recent_transitions_and_regresses_on_the_target_networks_max(loop):
     trace, _ = loop
     steps = stream(trace)
     updates = trace.backward
     assert [u["step"] for u in updates] == list(range(104, 401, 4))  # one gradient step per 4 env steps after 100
-    q_network, target_network = dqn.QNetwork(3, 3), dqn.QNetwork(3, 3)
     terminal = truncated_next = 0
     for update in updates:
-        t = update["step"] // 2  # steps stored so far; the buffer holds the last 180
+        t, where = update["step"] // 2, f"update at step {update['step']}"  # t: steps stored; the buffer holds 180
         recent = {transition(step, env) for step in steps[max(0, t - 180) : t] for env in range(2)}
         batch = zip(update["obs"], update["actions"], update["rewards"], update["terminations"], update["next_obs"])
         for obs, action, reward, terminated, next_obs in batch:
             key = (obs.numpy().tobytes(), action.item(), reward.item(), terminated.item(), next_obs.numpy().tobytes())
-            assert key in recent, f"update at step {update['step']}: a sampled row is not a transition in the buffer"
+            assert key in recent, f"{where}: a sampled row is not a transition in the buffer"
             truncated_next += next_obs[1].item() == 1.0 and not terminated  # ProbeWalk's 8th step: a truncation
-        q_network.load_state_dict(update["q_network"])
-        target_network.load_state_dict(update["target_network"])
+        # The loss in float64: Q(s, a) of the online weights against r + gamma max_a' Q_target(s', a'), the target
+        # network's (a constant: the gradient reaches the online network only).
+        online = leaves(update["q_network"])
         with torch.no_grad():
-            q_taken = q_network(update["obs"])[torch.arange(16), update["actions"]]
-            next_max = target_network(update["next_obs"]).max(dim=1).values
-            target = update["rewards"] + 0.9 * next_max * (1 - update["terminations"])
-        assert update["loss"].item() == pytest.approx(((q_taken - target) ** 2).mean().item(), rel=1e-5)
+            next_max = mlp_q(leaves(update["target_network"]), update["next_obs"].double()).max(dim=1).values
+            target = update["rewards"].double() + 0.9 * next_max * (1 - update["terminations"].double())
+        q_taken = mlp_q(online, update["obs"].double())[torch.arange(16), update["actions"]]
+        expected = ((q_taken - target) ** 2).mean()
+        assert_gradients_match(update["grads"]["q_network"], gradients(expected, online), where)
+        assert_no_gradient(update["grads"]["target_network"], where)
+        assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-5), where
         terminal += int(update["terminations"].sum())
     assert terminal > 0 and truncated_next > 0, "sampled rows should hold terminations and truncations"
 
