@@ -1,6 +1,7 @@
 """c51.py: its own loop run under observation (replay rows against the env's stream, every update's loss against the
 C51 target projected by a plain loop from the sampled rows and the copied networks, target-network copies, epsilon;
-the same run is the smoke run), the distributional projection against hand-computed cases and a plain loop, bad
+every update's gradient against a float64 reference loss's, none reaching the target network; the same run is the
+smoke run), the distributional projection against hand-computed cases and a plain loop, bad
 input, checkpoints and resume, learning."""
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import c51
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, gradients, leaves
 
 SMALL = [
     "--num-envs",
@@ -63,7 +66,7 @@ def loop(tmp_path_factory):
     from probe import probe_script
 
     cwd = tmp_path_factory.mktemp("loop")
-    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, final=["rb"])
+    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, grads=["q_network", "target_network"], final=["rb"])
     return probe_script("c51.py", LOOP_FLAGS, cwd, **names, preload=["probe_envs"]), cwd
 
 
@@ -114,28 +117,42 @@ def test_the_replay_buffer_holds_each_step_with_its_true_next_observation_and_te
     assert min(ends.values()) >= 3, ends
 
 
+def mlp_logits(params: dict, obs: torch.Tensor) -> torch.Tensor:
+    """Logits [batch, 3 actions, 21 atoms] from a QNetwork's weights (two hidden ReLU layers of 120 and 84 units)."""
+    h = F.relu(F.linear(obs, params["fc1.weight"], params["fc1.bias"]))
+    h = F.relu(F.linear(h, params["fc2.weight"], params["fc2.bias"]))
+    return F.linear(h, params["fc3.weight"], params["fc3.bias"]).view(-1, 3, 21)
+
+
+def assert_no_gradient(grads: dict, where: str) -> None:
+    """No gradient reached these parameters (None, or zeros)."""
+    for name, grad in grads.items():
+        assert grad is None or not grad.any(), f"{where}: {name} received a gradient"
+
+
 def test_each_update_samples_recent_transitions_and_minimises_the_cross_entropy_to_the_projected_target(loop):
     trace, _ = loop
     steps = stream(trace)
     updates = trace.backward
     assert [u["step"] for u in updates] == list(range(104, 401, 4))  # one gradient step per 4 env steps after 100
-    q_network, target_network = (c51.QNetwork(3, 3, n_atoms=21, v_min=-5, v_max=5) for _ in range(2))
     support = np.linspace(-5, 5, 21)
     terminal = 0
     for update in updates:
-        t = update["step"] // 2  # steps stored so far; the buffer holds the last 180
+        t, where = update["step"] // 2, f"update at step {update['step']}"  # t: steps stored; the buffer holds 180
         recent = {transition(step, env) for step in steps[max(0, t - 180) : t] for env in range(2)}
         rows = zip(update["obs_b"], update["actions_b"], update["rewards_b"], update["terminations_b"])
         for i, (obs, action, reward, terminated) in enumerate(rows):
             next_obs = update["next_obs_b"][i].numpy().tobytes()
             key = (obs.numpy().tobytes(), action.item(), reward.item(), terminated.item(), next_obs)
-            assert key in recent, f"update at step {update['step']}: a sampled row is not a transition in the buffer"
-        q_network.load_state_dict(update["q_network"])
-        target_network.load_state_dict(update["target_network"])
+            assert key in recent, f"{where}: a sampled row is not a transition in the buffer"
         with torch.no_grad():
-            # The target network's distribution at its own greedy next action (the largest mean), projected.
-            next_probs = torch.softmax(target_network(update["next_obs_b"]), dim=2).double().numpy()
-            greedy = (next_probs * support).sum(axis=2).argmax(axis=1)
+            # The target network's distribution at its own greedy next action (the largest mean), projected: a
+            # constant, so the gradient reaches the online network only. The action picked in float32, as the script
+            # picks it (a near-tie cannot go the other way); the rest in float64.
+            float32_probs = torch.softmax(mlp_logits(update["target_network"], update["next_obs_b"]), dim=2)
+            greedy = (float32_probs * update["target_network"]["support"]).sum(dim=2).argmax(dim=1).numpy()
+            logits = mlp_logits(leaves(update["target_network"]), update["next_obs_b"].double())
+            next_probs = torch.softmax(logits, dim=2).numpy()
             target = reference_projection(
                 next_probs[np.arange(16), greedy],
                 update["rewards_b"].double().numpy(),
@@ -143,9 +160,14 @@ def test_each_update_samples_recent_transitions_and_minimises_the_cross_entropy_
                 support,
                 0.9,
             )
-            log_probs = torch.log_softmax(q_network(update["obs_b"])[torch.arange(16), update["actions_b"]], dim=1)
-        expected = -(target * log_probs.double().numpy()).sum(axis=1).mean()
-        assert update["loss"].item() == pytest.approx(expected, rel=1e-5)
+        online = leaves(update["q_network"])
+        log_probs = torch.log_softmax(
+            mlp_logits(online, update["obs_b"].double())[torch.arange(16), update["actions_b"]], dim=1
+        )
+        expected = -(torch.from_numpy(target) * log_probs).sum(dim=1).mean()
+        assert_gradients_match(update["grads"]["q_network"], gradients(expected, online), where)
+        assert_no_gradient(update["grads"]["target_network"], where)
+        assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-5), where
         terminal += int(update["terminations_b"].sum())
     assert terminal > 0, "some sampled rows should be terminations"
 
