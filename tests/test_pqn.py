@@ -1,5 +1,6 @@
-"""pqn.py: Q(lambda) returns against a plain loop; the script's own loop (rollouts, returns, every loss, schedules) on
-ProbeWalk, which is the smoke run too; bad input, checkpoints and resume."""
+"""pqn.py: Q(lambda) returns against a plain loop; the script's own loop (rollouts, returns, every loss and its
+gradient against a float64 reference loss's with the returns held constant, schedules) on ProbeWalk, which is the smoke
+run too; bad input, checkpoints and resume."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import numpy as np
 import pqn
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, gradients, leaves
 
 TINY = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
 PQN_KEYS = [
@@ -163,7 +166,8 @@ def loop(tmp_path_factory):
     from probe import probe_script
 
     cwd = tmp_path_factory.mktemp("loop")
-    trace = probe_script("pqn.py", LOOP_FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES, preload=["probe_envs"])
+    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, grads=["q_network"], preload=["probe_envs"])
+    trace = probe_script("pqn.py", LOOP_FLAGS, cwd, **names)
     return trace, cwd
 
 
@@ -237,6 +241,15 @@ def reference_rollout_returns(rollout: dict, q_network, gamma: float, q_lambda: 
     return returns
 
 
+def layer_norm_q(params: dict, obs: torch.Tensor) -> torch.Tensor:
+    """Q-values from a QNetwork's weights: Linear-LayerNorm-ReLU of 120, then of 84 units, then a linear head."""
+    h = F.linear(obs, params["network.0.weight"], params["network.0.bias"])
+    h = F.relu(F.layer_norm(h, (120,), params["network.1.weight"], params["network.1.bias"], eps=1e-5))
+    h = F.linear(h, params["network.3.weight"], params["network.3.bias"])
+    h = F.relu(F.layer_norm(h, (84,), params["network.4.weight"], params["network.4.bias"], eps=1e-5))
+    return F.linear(h, params["network.6.weight"], params["network.6.bias"])
+
+
 def test_loop_regresses_q_on_the_q_lambda_returns_of_its_own_rollout_with_the_full_squared_error(loop):
     trace, _ = loop
     found = rollouts(trace)
@@ -255,14 +268,18 @@ def test_loop_regresses_q_on_the_q_lambda_returns_of_its_own_rollout_with_the_fu
         np.testing.assert_allclose(first["b_returns"].numpy(), expected.reshape(-1), rtol=1e-5, atol=1e-5)
         # Every minibatch's loss: the mean squared error (CleanRL's F.mse_loss, no factor 1/2) of Q(s, a) against
         # those returns, with the network as that update found it.
-        for update in rollout["updates"]:
-            q_network.load_state_dict(update["q_network"])
-            rows = update["mb_inds"]
+        # Its gradient: that of the same loss in float64, the returns held constant (PQN has no target network: they
+        # come from the online network as the iteration began, and no gradient may flow through them).
+        for k, update in enumerate(rollout["updates"]):
+            rows, where = update["mb_inds"], f"iteration ending at step {rollout['step']}, minibatch {k}"
             assert sorted(rows.tolist()) != list(range(64)) and len(set(rows.tolist())) == 32
-            with torch.no_grad():
-                q_taken = q_network(rollout["obs"].reshape(-1, 3)[rows])[torch.arange(32), first["b_actions"][rows]]
-            target = torch.as_tensor(expected.reshape(-1)[rows.numpy()], dtype=torch.float32)
-            assert update["loss"].item() == pytest.approx(((q_taken - target) ** 2).mean().item(), rel=1e-5)
+            online = leaves(update["q_network"])
+            q_all = layer_norm_q(online, rollout["obs"].reshape(-1, 3)[rows].double())
+            q_taken = q_all[torch.arange(32), first["b_actions"][rows]]
+            target = torch.from_numpy(expected.reshape(-1)[rows.numpy()])
+            loss = ((q_taken - target) ** 2).mean()
+            assert_gradients_match(update["grads"]["q_network"], gradients(loss, online), where)
+            assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-5), where
         ends["terminated"] += int(rollout["terminated"].sum())
         ends["truncated"] += int((rollout["truncated"] & ~rollout["terminated"]).sum())
         ends["cut mid-rollout"] += int((rollout["terminated"] | rollout["truncated"])[:-1].sum())
