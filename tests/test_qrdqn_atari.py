@@ -1,8 +1,9 @@
 """qrdqn_atari.py: the quantile Huber loss by hand and against a plain loop, its minimiser (the quantiles at the
 midpoints), the frame-indexed replay against the observations the env returned, bad input, SIGKILL + resume; the
 script's own loop under tests/probe.py (the smoke runs): the rows stored on Breakout (lives) vs what the env
-returned, every update's loss vs the quantile loss against the target network's quantiles recomputed from the sampled
-rows, target-copy timing, the epsilon schedule."""
+returned, every update's loss and gradient vs the quantile loss (float64) against the target network's quantiles
+recomputed from the sampled rows (no gradient reaching the target network), target-copy timing, the epsilon
+schedule."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 import qrdqn_atari
 import torch
+import torch.nn.functional as F
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, gradients, leaves
 
 from cleanrl_utils.envs.atari import make_envs
 
@@ -30,21 +33,22 @@ QRDQN_KEYS = [
 
 def reference_loss(quantiles, target_quantiles, kappa):
     """Dabney et al. 2018, eq. 10 and Algorithm 1, one pair at a time: sum_i mean_j |tau_i - 1{u < 0}| L_kappa(u) /
-    kappa with u = T theta_j - theta_i and tau_i = (2i - 1) / 2N (kappa 0: |u|), averaged over the batch."""
+    kappa with u = T theta_j - theta_i and tau_i = (2i - 1) / 2N (kappa 0: |u|), averaged over the batch. A tensor,
+    differentiable in `quantiles`."""
     batch, n = quantiles.shape
     total = 0.0
     for b in range(batch):
         for i in range(n):
             tau = (2 * (i + 1) - 1) / (2 * n)
             for target in target_quantiles[b]:
-                u = float(target) - float(quantiles[b, i])
+                u = target - quantiles[b, i]
                 if kappa == 0:
                     huber = abs(u)
                 elif abs(u) <= kappa:
                     huber = 0.5 * u * u / kappa
                 else:
                     huber = abs(u) - 0.5 * kappa  # kappa (|u| - kappa / 2) / kappa
-                total += abs(tau - (u < 0)) * huber / len(target_quantiles[b])
+                total = total + abs(tau - float(u < 0)) * huber / len(target_quantiles[b])
     return total / batch
 
 
@@ -68,7 +72,7 @@ def test_quantile_huber_loss_and_its_gradient_match_a_plain_loop(kappa):
     quantiles = (3 * torch.randn(4, 7, generator=generator, dtype=torch.float64)).requires_grad_()
     targets = 3 * torch.randn(4, 9, generator=generator, dtype=torch.float64)  # N' != N
     loss = qrdqn_atari.quantile_huber_loss(quantiles, targets, kappa)
-    assert loss.item() == pytest.approx(reference_loss(quantiles.detach(), targets, kappa), rel=1e-12)
+    assert loss.item() == pytest.approx(reference_loss(quantiles.detach(), targets, kappa).item(), rel=1e-12)
     loss.backward()
     # The target is a constant: d/dtheta of the plain loop by central differences.
     step, numeric = 1e-6, torch.zeros_like(quantiles)
@@ -272,7 +276,8 @@ def minatar_loop(tmp_path_factory):
     from probe import probe_script
 
     cwd = tmp_path_factory.mktemp("learn")
-    return probe_script("qrdqn_atari.py", LEARN_FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES), cwd
+    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, grads=["q_network", "target_network"])
+    return probe_script("qrdqn_atari.py", LEARN_FLAGS, cwd, **names), cwd
 
 
 def loop_steps(trace) -> list[dict]:
@@ -294,6 +299,14 @@ def transitions_seen(steps: list[dict]) -> set:
     return transitions
 
 
+def minatar_quantiles(params: dict, obs: torch.Tensor) -> torch.Tensor:
+    """Quantiles [batch, 3 actions, 5] from a MinAtar QNetwork's weights (3x3 convolution of 16 channels, 128 units;
+    cells are 0/1, so the network's 1 / obs_high scale is 1)."""
+    h = F.relu(F.conv2d(obs.to(params["network.0.weight"].dtype), params["network.0.weight"], params["network.0.bias"]))
+    h = F.relu(F.linear(h.flatten(1), params["network.3.weight"], params["network.3.bias"]))
+    return F.linear(h, params["network.5.weight"], params["network.5.bias"]).view(-1, 3, 5)
+
+
 def test_each_update_samples_real_transitions_and_is_the_quantile_loss_against_the_target_networks_quantiles(
     minatar_loop,
 ):
@@ -301,29 +314,32 @@ def test_each_update_samples_real_transitions_and_is_the_quantile_loss_against_t
     transitions = transitions_seen(loop_steps(trace))
     updates = trace.backward
     assert len(updates) == 1200 // 16 - 600 // 16
-    network_args = ((4, 10, 10), 3, 1.0, 5)
-    q_network, target_network = qrdqn_atari.QNetwork(*network_args), qrdqn_atari.QNetwork(*network_args)
     terminal_targets = 0
     for update in updates:
+        where = f"update at step {update['step']}"
         rows = zip(update["obs_b"], update["actions_b"], update["rewards_b"], update["terminations_b"])
         for i, (obs, action, reward, ended) in enumerate(rows):
             key = (obs.numpy().tobytes(), int(action), float(reward), bool(ended))
             assert key + (update["next_obs_b"][i].numpy().tobytes(),) in transitions, "a sampled row is no transition"
-        q_network.load_state_dict(update["q_network"])
-        target_network.load_state_dict(update["target_network"])
+        # The greedy next action picked in float32, as the script picks it (a near-tie cannot go the other way).
+        greedy = minatar_quantiles(update["target_network"], update["next_obs_b"]).mean(dim=2).argmax(dim=1)
         with torch.no_grad():
-            next_quantiles = target_network(update["next_obs_b"]).double()
-            quantiles = q_network(update["obs_b"]).double()
+            next_quantiles = minatar_quantiles(leaves(update["target_network"]), update["next_obs_b"])
+        online = leaves(update["q_network"])
+        quantiles = minatar_quantiles(online, update["obs_b"])
         targets, taken = [], []
         for i in range(8):
             # The target network's quantiles at its own greedy (by the mean) next action, T theta_j = r + gamma theta_j
-            # with no bootstrap after a termination (here also a lost life).
-            greedy = int(next_quantiles[i].mean(dim=1).argmax())
+            # with no bootstrap after a termination (here also a lost life): constants, so the gradient reaches the
+            # online network only.
             bootstrap = 0.0 if update["terminations_b"][i] else 0.9
-            targets.append([float(update["rewards_b"][i]) + bootstrap * float(z) for z in next_quantiles[i, greedy]])
+            targets.append([float(update["rewards_b"][i]) + bootstrap * float(z) for z in next_quantiles[i, greedy[i]]])
             taken.append(quantiles[i, int(update["actions_b"][i])])
         expected = reference_loss(torch.stack(taken), torch.tensor(targets, dtype=torch.float64), 0.5)
-        assert update["loss"].item() == pytest.approx(expected, rel=1e-5)
+        assert_gradients_match(update["grads"]["q_network"], gradients(expected, online), where)
+        for name, grad in update["grads"]["target_network"].items():
+            assert grad is None or not grad.any(), f"{where}: {name} of the target network received a gradient"
+        assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-5), where
         terminal_targets += int(update["terminations_b"].sum())
     assert terminal_targets > 0, "some sampled transitions should end a training episode"
 
