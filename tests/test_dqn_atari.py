@@ -1,5 +1,7 @@
 """dqn_atari.py: the frame-indexed replay against the observations the env returned, smoke runs on MinAtar and Atari,
-bad input, SIGKILL + resume."""
+bad input, SIGKILL + resume; the script's own loop under tests/probe.py: the rows stored on Breakout (lives), every
+update's loss and gradient on MinAtar against a float64 reference loss (none reaching the target network), target-copy
+timing, the epsilon schedule."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import dqn_atari
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, gradients, leaves
 
 from cleanrl_utils.envs.atari import make_envs
 
@@ -201,7 +205,8 @@ def minatar_loop(tmp_path_factory):
     from probe import probe_script
 
     cwd = tmp_path_factory.mktemp("learn")
-    return probe_script("dqn_atari.py", LEARN_FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES)
+    grads = ["q_network", "target_network"]
+    return probe_script("dqn_atari.py", LEARN_FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES, grads=grads)
 
 
 def loop_steps(trace) -> list[dict]:
@@ -246,27 +251,44 @@ def transitions_seen(steps: list[dict]) -> set:
     return transitions
 
 
+def minatar_q(params: dict, obs: torch.Tensor) -> torch.Tensor:
+    """Q-values from a MinAtar QNetwork's weights (3x3 convolution of 16 channels, 128 units; cells are 0/1, so
+    the network's 1 / obs_high scale is 1)."""
+    h = F.relu(F.conv2d(obs.to(params["network.0.weight"].dtype), params["network.0.weight"], params["network.0.bias"]))
+    h = F.relu(F.linear(h.flatten(1), params["network.3.weight"], params["network.3.bias"]))
+    return F.linear(h, params["network.5.weight"], params["network.5.bias"])
+
+
+def assert_no_gradient(grads: dict, where: str) -> None:
+    """No gradient reached these parameters (None, or zeros)."""
+    for name, grad in grads.items():
+        assert grad is None or not grad.any(), f"{where}: {name} received a gradient"
+
+
 def test_each_update_samples_real_transitions_and_regresses_on_the_target_networks_max(minatar_loop):
     steps = loop_steps(minatar_loop)
     transitions = transitions_seen(steps)
     updates = minatar_loop.backward
     assert len(updates) == (1200 - 600) // 8
-    shape, n_actions = steps[0]["obs"].shape[1:], 3
-    q_network, target_network = (dqn_atari.QNetwork(shape, n_actions, 1.0) for _ in range(2))
     terminal_targets = 0
     for update in updates:
+        where = f"update at step {update['step']}"
         rows = zip(update["obs_b"], update["actions_b"], update["rewards_b"], update["terminations_b"])
         for i, (obs, action, reward, ended) in enumerate(rows):
             next_obs = update["next_obs_b"][i].numpy().tobytes()
             key = (obs.numpy().tobytes(), int(action), float(reward), bool(ended), next_obs)
             assert key in transitions, "a sampled row is not a transition the env produced"
-        q_network.load_state_dict(update["q_network"])
-        target_network.load_state_dict(update["target_network"])
+        # The loss in float64: Q(s, a) of the online weights against r + gamma max_a' Q_target(s', a'), the target
+        # network's (a constant: the gradient reaches the online network only).
+        online = leaves(update["q_network"])
         with torch.no_grad():
-            q_taken = q_network(update["obs_b"])[torch.arange(8), update["actions_b"]]
-            next_max = target_network(update["next_obs_b"]).max(dim=1).values
-            target = update["rewards_b"] + 0.9 * next_max * (1 - update["terminations_b"])
-        assert update["loss"].item() == pytest.approx(((q_taken - target) ** 2).mean().item(), rel=1e-5)
+            next_max = minatar_q(leaves(update["target_network"]), update["next_obs_b"]).max(dim=1).values
+            target = update["rewards_b"].double() + 0.9 * next_max * (1 - update["terminations_b"].double())
+        q_taken = minatar_q(online, update["obs_b"])[torch.arange(8), update["actions_b"]]
+        expected = ((q_taken - target) ** 2).mean()
+        assert_gradients_match(update["grads"]["q_network"], gradients(expected, online), where)
+        assert_no_gradient(update["grads"]["target_network"], where)
+        assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-5), where
         terminal_targets += int(update["terminations_b"].sum())
     assert terminal_targets > 0, "some sampled transitions should end a training episode"
 
