@@ -1,7 +1,8 @@
 """c51_atari.py: the distributional projection against a plain loop, the frame-indexed replay against the observations
 the env returned, bad input, SIGKILL + resume; the script's own loop under tests/probe.py (the smoke runs): the rows
-stored on Breakout (lives) vs what the env returned, every update's loss vs the projected target of the target
-network recomputed from the sampled rows, target-copy timing, the epsilon schedule."""
+stored on Breakout (lives) vs what the env returned, every update's loss and gradient vs a float64 reference loss with
+the projected target of the target network recomputed from the sampled rows (no gradient reaching the target network),
+target-copy timing, the epsilon schedule."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import c51_atari
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, gradients, leaves
 
 from cleanrl_utils.envs.atari import make_envs
 
@@ -309,7 +312,8 @@ def minatar_loop(tmp_path_factory):
     from probe import probe_script
 
     cwd = tmp_path_factory.mktemp("learn")
-    return probe_script("c51_atari.py", LEARN_FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES), cwd
+    names = dict(watch=STEP_NAMES, at_backward=BATCH_NAMES, grads=["q_network", "target_network"])
+    return probe_script("c51_atari.py", LEARN_FLAGS, cwd, **names), cwd
 
 
 def loop_steps(trace) -> list[dict]:
@@ -332,17 +336,30 @@ def transitions_seen(steps: list[dict]) -> set:
     return transitions
 
 
+def minatar_logits(params: dict, obs: torch.Tensor) -> torch.Tensor:
+    """Logits [batch, 3 actions, 51 atoms] from a MinAtar QNetwork's weights (3x3 convolution of 16
+    channels, 128 units; cells are 0/1, so the network's 1 / obs_high scale is 1)."""
+    h = F.relu(F.conv2d(obs.to(params["network.0.weight"].dtype), params["network.0.weight"], params["network.0.bias"]))
+    h = F.relu(F.linear(h.flatten(1), params["network.3.weight"], params["network.3.bias"]))
+    return F.linear(h, params["network.5.weight"], params["network.5.bias"]).view(-1, 3, 51)
+
+
+def assert_no_gradient(grads: dict, where: str) -> None:
+    """No gradient reached these parameters (None, or zeros)."""
+    for name, grad in grads.items():
+        assert grad is None or not grad.any(), f"{where}: {name} received a gradient"
+
+
 def test_each_update_samples_real_transitions_and_is_the_cross_entropy_with_the_projected_target(minatar_loop):
     trace, _ = minatar_loop
     steps = loop_steps(trace)
     transitions = transitions_seen(steps)
     updates = trace.backward
     assert len(updates) == 1200 // 16 - 600 // 16
-    network_args = ((4, 10, 10), 3, 1.0, 51, -10, 10)
-    q_network, target_network = c51_atari.QNetwork(*network_args), c51_atari.QNetwork(*network_args)
     support = np.linspace(-10, 10, 51)
     terminal_targets = 0
     for update in updates:
+        where = f"update at step {update['step']}"
         rows = zip(update["obs_b"], update["actions_b"], update["rewards_b"], update["terminations_b"])
         for i, (obs, action, reward, ended) in enumerate(rows):
             key = (
@@ -353,18 +370,24 @@ def test_each_update_samples_real_transitions_and_is_the_cross_entropy_with_the_
                 update["next_obs_b"][i].numpy().tobytes(),
             )
             assert key in transitions, "a sampled row is not a transition the env produced"
-        q_network.load_state_dict(update["q_network"])
-        target_network.load_state_dict(update["target_network"])
         with torch.no_grad():
-            # The target network's distribution at its own greedy (by the mean) next action, shifted and projected.
-            next_probs = torch.softmax(target_network(update["next_obs_b"]), dim=2).double()
-            next_actions = (next_probs * torch.as_tensor(support)).sum(dim=2).argmax(dim=1)
+            # The target network's distribution at its own greedy (by the mean) next action, shifted and projected: a
+            # constant, so the gradient reaches the online network only. The action picked in float32, as the script
+            # picks it (a near-tie cannot go the other way); the rest in float64.
+            float32_probs = torch.softmax(minatar_logits(update["target_network"], update["next_obs_b"]), dim=2)
+            next_actions = (float32_probs * update["target_network"]["support"]).sum(dim=2).argmax(dim=1)
+            next_probs = torch.softmax(minatar_logits(leaves(update["target_network"]), update["next_obs_b"]), dim=2)
             next_probs = next_probs[torch.arange(8), next_actions].numpy()
             rewards, ends = update["rewards_b"].double().numpy(), update["terminations_b"].double().numpy()
-            target = reference_projection(next_probs, rewards, ends, support, 0.9)
-            log_probs = torch.log_softmax(q_network(update["obs_b"]), dim=2)[torch.arange(8), update["actions_b"]]
-        cross_entropy = -(torch.as_tensor(target).float() * log_probs).sum(dim=1).mean()
-        assert update["loss"].item() == pytest.approx(cross_entropy.item(), rel=1e-5)
+            target = torch.from_numpy(reference_projection(next_probs, rewards, ends, support, 0.9))
+        online = leaves(update["q_network"])
+        log_probs = torch.log_softmax(minatar_logits(online, update["obs_b"]), dim=2)[
+            torch.arange(8), update["actions_b"]
+        ]
+        cross_entropy = -(target * log_probs).sum(dim=1).mean()
+        assert_gradients_match(update["grads"]["q_network"], gradients(cross_entropy, online), where)
+        assert_no_gradient(update["grads"]["target_network"], where)
+        assert update["loss"].item() == pytest.approx(cross_entropy.item(), rel=1e-5), where
         terminal_targets += int(update["terminations_b"].sum())
     assert terminal_targets > 0, "some sampled transitions should end a training episode"
 
