@@ -61,6 +61,7 @@ FAMILIES = {
         "sac_continuous_action",
         "redq_continuous_action",
         "crossq_continuous_action",
+        "tqc_continuous_action",
     ],
     "Pixels": [
         "dqn_atari",
