@@ -1,7 +1,8 @@
 """qdagger_dqn_atari_impalacnn.py: the distillation loss and weight against plain references, the script's own loop
-under tests/probe.py (teacher phase, offline and online updates) with a dqn_atari.py teacher pulled from a prepared
-offline Hugging Face cache, --save-model + evaluation, SIGKILL + resume in the offline and in the online phase, bad
-input."""
+under tests/probe.py (teacher phase, offline and online updates: each one's loss and gradient against a float64 TD +
+weighted KL reference with the target and the teacher's policy held constant, no gradient into the target network
+or the teacher, the teacher unchanged) with a dqn_atari.py teacher pulled from a prepared offline Hugging Face cache,
+--save-model + evaluation, SIGKILL + resume in the offline and in the online phase, bad input."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import qdagger_dqn_atari_impalacnn as qdagger
 import torch
 import tyro
 from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+from update_reference import assert_gradients_match, assert_unchanged, gradients
 
 SCRIPT = "qdagger_dqn_atari_impalacnn.py"
 REPO_ID = "alice/dqn_atari-MinAtar-Breakout-v1"
@@ -125,7 +127,10 @@ def straight(hf_env, tmp_path_factory):
     from probe import probe_script
 
     cwd = tmp_path_factory.mktemp("straight")
-    trace = probe_script(SCRIPT, FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES, env=hf_env)
+    grads = ["q_network", "target_network", "teacher"]
+    trace = probe_script(
+        SCRIPT, FLAGS, cwd, watch=STEP_NAMES, at_backward=BATCH_NAMES, grads=grads, final=["teacher"], env=hf_env
+    )
     return trace, run_dirs(cwd)[0]
 
 
@@ -177,21 +182,24 @@ def test_each_update_is_td_plus_weighted_distillation_from_the_right_replay(stra
     score = teacher_score(run_dir)
     assert score > 0, "the teacher should score, for the weight to fall between 0 and 1"
     shape = online[0]["obs"].shape[1:]
-    q_network, target_network = (qdagger.QNetwork(shape, 3, 1.0) for _ in range(2))
+    # float64 copies (MinAtar's cells are 0/1: the layers run on the float64 observations, scale 1).
+    q_network, target_network = (qdagger.QNetwork(shape, 3, 1.0).double() for _ in range(2))
     teacher = qdagger.TeacherQNetwork(shape, 3, 1.0)  # the file's: the loss must distil exactly this teacher
-    teacher.load_state_dict(torch.load(teacher_file, weights_only=False)["q_network"])
+    saved_teacher = torch.load(teacher_file, weights_only=False)["q_network"]
+    teacher.load_state_dict(saved_teacher)
+    teacher.double()
     updates = trace.backward
     offline = [u for u in updates if u["step"] <= OFFLINE_END]
     assert len(offline) == OFFLINE_STEPS
     assert len(updates) - len(offline) == (ONLINE_STEPS - 100) // 4
     weights = []
     for update in updates:
-        in_offline = update["step"] <= OFFLINE_END
+        in_offline, where = update["step"] <= OFFLINE_END, f"update at step {update['step']}"
         stream = teacher_stream if in_offline else student_stream
         for i in range(8):
             key = (update["obs_b"][i].numpy().tobytes(), int(update["actions_b"][i]), float(update["rewards_b"][i]))
             key += (bool(update["terminations_b"][i]), update["next_obs_b"][i].numpy().tobytes())
-            assert key in stream, f"update at step {update['step']} sampled a row of the other replay"
+            assert key in stream, f"{where} sampled a row of the other replay"
         # The weight: 1 offline; online from the student's games that ended so far.
         returns = [
             r
@@ -200,18 +208,33 @@ def test_each_update_is_td_plus_weighted_distillation_from_the_right_replay(stra
             for r in step["infos"]["episode"]["r"][step["infos"]["_episode"]]
         ]
         expected = 1.0 if in_offline or len(returns) < 10 else max(1 - np.mean(returns[-10:]) / score, 0.0)
-        assert update["weight"] == pytest.approx(min(expected, 1.0), abs=1e-6)
+        expected = min(expected, 1.0)
+        assert update["weight"] == pytest.approx(expected, abs=1e-6)
         weights.append(update["weight"])
+        # The loss: the TD error against the target network's max (a constant) plus the weighted KL from the
+        # teacher's softmax(Q_T / 2) (a constant) to the student's, both means over the batch.
         q_network.load_state_dict(update["q_network"])
         target_network.load_state_dict(update["target_network"])
+        obs, next_obs = update["obs_b"].double(), update["next_obs_b"].double()
+        student_q = q_network.network(obs)
+        q_taken = student_q[torch.arange(8), update["actions_b"]]
         with torch.no_grad():
-            student_q = q_network(update["obs_b"])
-            q_taken = student_q[torch.arange(8), update["actions_b"]]
-            next_max = target_network(update["next_obs_b"]).max(dim=1).values
-            target = update["rewards_b"] + 0.9 * next_max * (1 - update["terminations_b"])
-            td = ((q_taken - target) ** 2).mean().item()
-            kl = kl_reference(student_q.tolist(), teacher(update["obs_b"]).tolist(), 2.0)
-        assert update["loss"].item() == pytest.approx(td + expected * kl, rel=1e-4, abs=1e-6)
+            next_max = target_network.network(next_obs).max(dim=1).values
+            target = update["rewards_b"].double() + 0.9 * next_max * (1 - update["terminations_b"].double())
+            teacher_q = teacher.network(obs)
+            teacher_log_pi = torch.log_softmax(teacher_q / 2.0, dim=1)
+        td = ((q_taken - target) ** 2).mean()
+        kl = (teacher_log_pi.exp() * (teacher_log_pi - torch.log_softmax(student_q / 2.0, dim=1))).sum(1).mean()
+        assert kl.item() == pytest.approx(kl_reference(student_q.tolist(), teacher_q.tolist(), 2.0), rel=1e-9)
+        loss = td + expected * kl
+        reference = gradients(loss, dict(q_network.named_parameters()))
+        assert_gradients_match(update["grads"]["q_network"], reference, where)
+        assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)
+        # Neither the target network nor the teacher gets a gradient (the teacher is never trained).
+        for fixed in ("target_network", "teacher"):
+            assert all(grad is None for grad in update["grads"][fixed].values()), f"{where}: {fixed} has a gradient"
+    # The teacher at the end of the run is the file's, bitwise: it never moved.
+    assert_unchanged(saved_teacher, trace.final["teacher"], "the teacher at the end of the run")
     assert any(0 < w < 1 for w in weights), f"the weight should decay somewhere: {sorted(set(weights))}"
 
 
