@@ -74,6 +74,11 @@ RUNS = {
         300,
         200,
     ),
+    "tqc_continuous_action.py": (
+        ["--env-id", "Pendulum-v1", *OFF_POLICY_TINY, "--critic-hidden", "32", "--actor-hidden", "16"],
+        300,
+        200,
+    ),
     "ppo_isaacgym.py": (
         [
             "--env-id",
