@@ -1,7 +1,8 @@
 """maddpg.py and matd3.py: the centralised critics' input in agent order on VMAS and MPE, the actor's
 joint action, target smoothing, the per-agent TD target, the critics and the replay buffer against the
 definitions; each script's own loop run under tests/probe.py (stored rows, exploration, every critic and
-actor loss and optimiser step, the targets' Polyak averaging, the actor's delay, MATD3's smoothing noise);
+actor loss, its gradients and optimiser step, no gradient into the targets, the critics unmoved by the actor step,
+the targets' Polyak averaging, the actor's delay, MATD3's smoothing noise);
 smoke runs on VMAS and MPE (team, per-agent and mean-agent returns, the saved model through
 cleanrl_utils.evaluate, refused by the other script); bad input, a replay buffer too large to fit;
 checkpoints without logging state, resume and SIGTERM."""
@@ -27,6 +28,7 @@ from conftest import (
     run_script,
     sigterm_while_training,
 )
+from update_reference import assert_gradients_match, assert_unchanged, gradients, leaves
 
 from cleanrl_utils.envs.multiagent import make_env, same_action_space
 
@@ -273,7 +275,8 @@ def test_buffer_stores_the_true_final_observation_and_wraps_around(algo):
 # replay the environment with the stored actions and recompute with plain code of their own: every critic loss (the
 # centralised critics on all agents' observations and actions, the target actors' next actions, MATD3's clipped
 # smoothing noise and twin min), every actor loss (agent i's action from the actor, the others' from the buffer),
-# each optimiser step as Adam on those losses, the Polyak-averaged targets, the actor's delay and the exploration.
+# each backward()'s gradients against those losses' in float64, each optimiser step as Adam on them, the
+# Polyak-averaged targets, the actor's delay and the exploration.
 WIRING = ["--env-id", "probe/walk", "--num-envs", "4", "--total-timesteps", "200", "--learning-starts", "60"]
 WIRING += ["--buffer-size", "120", "--batch-size", "16", "--hidden-dim", "16", "--log-every", "5", "--gamma", "0.9"]
 WIRING += ["--actor-learning-rate", "1e-3", "--critic-learning-rate", "1e-3", "--tau", "0.05"]
@@ -300,6 +303,7 @@ def wiring(request, tmp_path_factory):
         cwd,
         watch=STEP_NAMES,
         at_backward=at_backward,
+        grads=networks,
         final=["rb"],
         preload=["probe_multiagent_envs"],
     )
@@ -370,6 +374,34 @@ def actor_loss(trace, update: dict, weights: dict) -> torch.Tensor:
         actions = [policy[:, j] if j == i else batch["actions"][:, j] for j in range(n_agents)]
         joint.append(torch.stack(actions, 1))
     return -plain_critic(update["critic" if trace.algo == "maddpg" else "qf1"], batch["obs"], joint).mean()
+
+
+def as_float64(value):
+    """An update's copies (its batch, networks, next actions) in float64, the precision of the gradient references."""
+    if isinstance(value, dict):
+        return {key: as_float64(item) for key, item in value.items() if key != "grads"}
+    return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
+def network_gradients(loss: torch.Tensor, networks: dict[str, dict]) -> dict[str, dict]:
+    """d loss / d each network's parameters (leaves), by network and then parameter name."""
+    flat = {(network, name): value for network, params in networks.items() for name, value in params.items()}
+    found = gradients(loss, flat)
+    return {network: {name: found[network, name] for name in params} for network, params in networks.items()}
+
+
+def assert_no_gradient(grads: dict, networks, where: str) -> None:
+    """No gradient reached these networks' parameters: their recorded .grad is None (or zero)."""
+    for network in networks:
+        reached = [name for name, grad in grads[network].items() if grad is not None and grad.any()]
+        assert not reached, f"{where}: {network}'s {', '.join(reached)} got a gradient"
+
+
+def assert_same_gradient(got: dict, before: dict, where: str) -> None:
+    """A module's recorded .grad is what an earlier backward left: nothing was added."""
+    for name, grad in got.items():
+        same = grad is None and before[name] is None or grad is not None and torch.equal(grad, before[name])
+        assert same, f"{where}: {name} got a gradient"
 
 
 def replayed(trace) -> list[dict]:
@@ -447,17 +479,27 @@ def test_every_critic_loss_is_the_td_error_on_the_target_networks_and_every_step
     params = {(c, name): torch.zeros_like(v, requires_grad=True) for c in critics for name, v in updates[0][c].items()}
     adam = torch.optim.Adam(params.values(), lr=LR)
     terminal = 0
+    actor_grads = dict.fromkeys(updates[0]["grads"]["actor"])  # as the latest actor step left them (none yet)
     for k, update in enumerate(updates):
         if update["kind"] != "critic":
+            actor_grads = update["grads"]["actor"]
             continue
-        batch = update["batch"]
+        batch, where = update["batch"], f"update {k}"
         for i in range(16):
             key = tuple(batch[name][i].numpy().tobytes() for name in ("obs", "actions", "rewards", "next_obs"))
             assert key + (batch["terminations"][i].item(),) in transitions, "a sampled row is not a real transition"
         terminal += int(batch["terminations"].sum())
+        # The gradients: of the critics' loss in float64, its target held constant (critic_target under no_grad).
+        weights = {c: leaves(update[c]) for c in critics}
+        reference = network_gradients(critic_loss(wiring, as_float64(update), weights), weights)
+        for c in critics:
+            assert_gradients_match(update["grads"][c], reference[c], f"{where}, {c}")
+        # No gradient through the target: none reaches the target networks, none is added to the actor's.
+        assert_no_gradient(update["grads"], NETWORKS[wiring.algo].values(), where)
+        assert_same_gradient(update["grads"]["actor"], actor_grads, where)
         with torch.no_grad():
             loss = critic_loss(wiring, update, {c: update[c] for c in critics})
-        assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-5), f"update {k}"
+        assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-5), where
         # The critic's optimiser step: Adam on this loss, from these weights.
         with torch.no_grad():
             for (c, name), param in params.items():
@@ -477,9 +519,22 @@ def test_every_actor_loss_uses_its_own_action_from_the_actor_and_every_step_is_a
     trained = [params[name] for name in params if not name.startswith("action_")]  # the scale and bias are buffers
     adam = torch.optim.Adam(trained, lr=LR)
     checked = 0
+    critics = [name for name in NETWORKS[wiring.algo] if name != "actor"]
     for k, update in enumerate(updates):
         if update["kind"] != "actor":
             continue
+        # The gradient: of the actor's loss in float64, the critic's weights held constant.
+        where, weights = f"update {k}", leaves(update["actor"])
+        reference = gradients(actor_loss(wiring, as_float64(update), weights), weights)
+        assert_gradients_match(update["grads"]["actor"], reference, where)
+        # The critics are held still: no gradient added to theirs (as the critic step before left it), none to the
+        # targets', and their weights are those the next critic step starts from.
+        assert updates[k - 1]["kind"] == "critic"
+        for c in critics:
+            assert_same_gradient(update["grads"][c], updates[k - 1]["grads"][c], f"{where}, {c}")
+            if k + 1 < len(updates):
+                assert_unchanged(update[c], updates[k + 1][c], f"{where}, {c}")
+        assert_no_gradient(update["grads"], NETWORKS[wiring.algo].values(), where)
         with torch.no_grad():
             assert update["loss"].item() == pytest.approx(actor_loss(wiring, update, update["actor"]).item(), rel=1e-5)
             for name, param in params.items():
