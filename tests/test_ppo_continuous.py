@@ -1,5 +1,5 @@
 """ppo_continuous_action.py: its own loop under tests/probe.py (storage against the stream, observation statistics, the
-reward scaler, GAE with truncations, every minibatch's loss); smoke runs (Pendulum, Hopper, dm_control),
+reward scaler, GAE with truncations, every minibatch's loss and gradient); smoke runs (Pendulum, Hopper, dm_control),
 normalisation, reward scaling and GAE against plain references, frozen statistics in evaluation, bad input,
 checkpoints and resume, learning."""
 
@@ -22,6 +22,7 @@ from conftest import (
     run_script,
     sigterm_while_training,
 )
+from update_reference import assert_gradients_match, gradients, leaves
 
 SCRIPT = "ppo_continuous_action.py"
 MODEL = "ppo_continuous_action.cleanrl_model"
@@ -49,13 +50,15 @@ def load(path: Path) -> dict:
 # by termination or truncation, asymmetric action bounds), 2 envs x 32 steps, 2 iterations of 2 epochs of 2
 # minibatches. The tests rebuild what the loop stored and computed from the copies: the stream of what the policy saw
 # and the env returned (tests/continuous_reference.rollout_stream) against the rollout storage, the normalisation,
-# the reward scaler, GAE and every minibatch's loss, with plain references that read the agent from its state dict.
+# the reward scaler, GAE and every minibatch's loss and gradient, with plain references that read the agent from its
+# state dict. A small entropy bonus (--ent-coef 1e-3; CleanRL's default is 0) is on, so that its term is checked too.
 PROBE_FLAGS = ["--env-id", "ProbeDrift-v0", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2"]
 PROBE_FLAGS += ["--update-epochs", "2", "--total-timesteps", "128", "--gamma", "0.9", "--gae-lambda", "0.8"]
+PROBE_FLAGS += ["--ent-coef", "1e-3"]
 PROBE_WATCH = ["next_obs", "obs_rms", "noise", "iteration"]
 PROBE_WATCH += ["action", "next_obs_np", "reward", "terminated", "truncated", "infos"]
 PROBE_AT_BACKWARD = ["mb", "agent", "batch", "storage", "rewards", "iteration", "epoch"]
-NUM_STEPS, NUM_ENVS, GAMMA, GAE_LAMBDA = 32, 2, 0.9, 0.8
+NUM_STEPS, NUM_ENVS, GAMMA, GAE_LAMBDA, ENT_COEF = 32, 2, 0.9, 0.8, 1e-3
 LOW, HIGH = np.array([-1.0, 0.0]), np.array([2.0, 5.0])
 
 
@@ -71,6 +74,7 @@ def probed(tmp_path_factory):
         cwd,
         watch=PROBE_WATCH,
         at_backward=PROBE_AT_BACKWARD,
+        grads=["agent"],
         final=final,
         preload=["probe_box_envs"],
     )
@@ -165,6 +169,29 @@ def test_gae_bootstraps_truncations_from_the_true_final_observation_and_cuts_ter
     assert min(ends.values()) >= 5, ends
 
 
+def reference_ppo_loss(
+    params: dict, mb: dict, clip_coef: float, vf_coef: float, ent_coef: float, clip_vloss: bool = True
+) -> torch.Tensor:
+    """PPO's loss of one minibatch (Schulman et al. 2017, weighted as CleanRL weighs it) from the agent's parameters
+    `params` (float64 leaves): minus the clipped surrogate on the minibatch's advantages (as given), plus vf_coef times
+    half the squared value error (clipped around the rollout's values, or not), minus ent_coef times the entropy of the
+    Gaussian policy (its state-independent log std: sum(log std + log(2 pi e) / 2)). The rollout's log-probabilities,
+    values and returns are constants."""
+    mean, log_std = plain.gaussian_policy(params, mb["obs"])
+    policy = torch.distributions.Normal(mean, log_std.exp())
+    ratio = (policy.log_prob(mb["actions"].double()).sum(-1) - mb["logprobs"].double()).exp()
+    advantages = mb["advantages"].double()
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip_coef, 1 + clip_coef) * advantages).mean()
+    value, old_value, returns = plain.state_value(params, mb["obs"]), mb["values"].double(), mb["returns"].double()
+    value_error = (value - returns) ** 2
+    if clip_vloss:
+        value_error = torch.maximum(
+            value_error, (old_value + (value - old_value).clamp(-clip_coef, clip_coef) - returns) ** 2
+        )
+    entropy = (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum()
+    return -surrogate + vf_coef * 0.5 * value_error.mean() - ent_coef * entropy
+
+
 def test_each_minibatch_steps_on_the_clipped_ppo_loss_of_its_rows_with_normalised_advantages(probed):
     trace, _ = probed
     assert len(trace.backward) == 2 * 2 * 2  # iterations x epochs x minibatches
@@ -188,8 +215,9 @@ def test_each_minibatch_steps_on_the_clipped_ppo_loss_of_its_rows_with_normalise
                 advantages = batch["advantages"][indices].double()
                 normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
                 torch.testing.assert_close(mb["advantages"].double(), normalised, rtol=1e-5, atol=1e-6)
-                with torch.no_grad():
-                    expected = plain.ppo_loss(entry["agent"], mb, clip_coef=0.2, vf_coef=0.5)
+                params = leaves(entry["agent"])
+                expected = reference_ppo_loss(params, mb, clip_coef=0.2, vf_coef=0.5, ent_coef=ENT_COEF)
+                assert_gradients_match(entry["grads"]["agent"], gradients(expected, params), where)
                 assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6), where
 
 

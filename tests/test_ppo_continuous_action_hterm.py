@@ -2,7 +2,8 @@
 rollouts, the lowest returns dropped before new ones are added, the reward-to-go min-max normalised over the whole
 memory as ElegantRL does), the term's value on a hand-built memory, its gradient's sign, the variant being exactly
 ppo_continuous_action.py until the term starts, exact resume with the term on, bad input; and the script's own loop
-under tests/probe.py (the memory rebuilt from what the rollouts stored, the term in every minibatch's loss)."""
+under tests/probe.py (the memory rebuilt from what the rollouts stored, the term in every minibatch's loss and
+gradient)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import ppo_continuous_action_hterm as hterm
 import pytest
 import torch
 from conftest import kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from test_ppo_continuous import reference_ppo_loss
+from update_reference import assert_gradients_match, gradients, leaves
 
 SCRIPT = "ppo_continuous_action_hterm.py"
 # Pendulum episodes are cut at 200 steps: 2 envs x 512 steps end 4 episodes, so the memory fills during the run.
@@ -137,17 +140,19 @@ def test_h_term_gradient_raises_the_density_of_high_return_actions():
 # --- the loop's own wiring -----------------------------------------------------------------------
 # The script runs unchanged under tests/probe.py on ProbeDrift-v0 (tests/probe_box_envs.py: 8-step episodes that end
 # by termination or truncation), 2 envs x 32 steps, 3 iterations of 2 epochs of 2 minibatches, the term on from 100
-# stored transitions (the 2nd iteration on), a quarter of the episodes dropped before each rollout's are added. The
-# tests rebuild the episode memory from the stream of what the policy saw and the env returned
-# (tests/continuous_reference.rollout_stream) and check every minibatch's loss as PPO's plus the term.
+# stored transitions (the 2nd iteration on), a quarter of the episodes dropped before each rollout's are added, a small
+# entropy bonus on. The tests rebuild the episode memory from the stream of what the policy saw and the env returned
+# (tests/continuous_reference.rollout_stream) and check every minibatch's loss and gradient as PPO's plus the term's,
+# over the rows the term drew (torch's generator, copied at each backward, replayed to the next draw).
 PROBE_FLAGS = ["--env-id", "ProbeDrift-v0", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2"]
 PROBE_FLAGS += ["--update-epochs", "2", "--total-timesteps", "192", "--gamma", "0.9", "--gae-lambda", "0.8"]
 PROBE_FLAGS += ["--h-term-lambda", "0.5", "--h-term-drop-rate", "0.25", "--h-term-sample-rate", "1.0"]
-PROBE_FLAGS += ["--h-term-min-transitions", "100"]
+PROBE_FLAGS += ["--h-term-min-transitions", "100", "--ent-coef", "1e-3"]
 PROBE_WATCH = ["next_obs", "obs_rms", "noise", "iteration", "memory"]
 PROBE_WATCH += ["action", "next_obs_np", "reward", "terminated", "truncated", "infos"]
-PROBE_AT_BACKWARD = ["mb", "agent", "iteration", "memory", "h_term", "h_term_on"]
+PROBE_AT_BACKWARD = ["mb", "agent", "iteration", "epoch", "memory", "h_term", "h_term_on", "torch.default_generator"]
 PROBE_GAMMA, PROBE_LAMBDA, PROBE_DROP_RATE, PROBE_MIN_TRANSITIONS = 0.9, 0.5, 0.25, 100
+PROBE_ENT_COEF, PROBE_STEPS, PROBE_ENVS, ACT_DIM = 1e-3, 32, 2, 2
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +167,7 @@ def probed(tmp_path_factory):
         cwd,
         watch=PROBE_WATCH,
         at_backward=PROBE_AT_BACKWARD,
+        grads=["agent"],
         final=final,
         preload=["probe_box_envs"],
     )
@@ -219,12 +225,26 @@ def test_the_memory_holds_the_best_whole_episodes_of_what_the_rollouts_stored_wi
         assert len(memory["unfinished"]) == 2  # each env's episode so far waits for the next rollout
 
 
+def drawn_rows(updates: list[dict], k: int, size: int) -> torch.Tensor:
+    """The memory rows the H-term of backward k drew (k > 0): torch's generator as backward k - 1 found it, run through
+    the draws the loop makes in between (a new iteration's rollout noise, a new epoch's permutation of the batch), then
+    the term's own: size + 1 rows uniformly with replacement (--h-term-sample-rate 1)."""
+    before, entry = updates[k - 1], updates[k]
+    generator = torch.Generator()
+    generator.set_state(before["torch.default_generator"].get_state())
+    if entry["iteration"] != before["iteration"]:
+        torch.randn((PROBE_STEPS, PROBE_ENVS, ACT_DIM), generator=generator)
+    if (entry["iteration"], entry["epoch"]) != (before["iteration"], before["epoch"]):
+        torch.randperm(PROBE_STEPS * PROBE_ENVS, generator=generator)
+    return torch.randint(size, (size + 1,), generator=generator)
+
+
 def test_each_minibatch_adds_the_h_term_of_a_uniform_sample_of_the_memory_once_it_is_full_enough(probed):
     states, stored = set(), memories(probed)
-    for entry in probed.backward:
-        mb, where = entry["mb"], f"iteration {entry['iteration']}"
-        with torch.no_grad():
-            ppo = plain.ppo_loss(entry["agent"], mb, clip_coef=0.2, vf_coef=0.5)
+    for k, entry in enumerate(probed.backward):
+        mb, where = entry["mb"], f"iteration {entry['iteration']} epoch {entry['epoch']}"
+        params = leaves(entry["agent"])
+        ppo = reference_ppo_loss(params, mb, clip_coef=0.2, vf_coef=0.5, ent_coef=PROBE_ENT_COEF)
         # The memory as this rollout left it, as [size, ...] tensors; R_norm: the reward-to-go min-max normalised
         # over all of it (ElegantRL's h_term_r_min_max).
         episodes = stored[entry["iteration"] - 1]["episodes"]
@@ -235,20 +255,18 @@ def test_each_minibatch_adds_the_h_term_of_a_uniform_sample_of_the_memory_once_i
         states.add(on)
         if not on:
             assert entry["memory"] is None and "h_term" not in entry, where
+            assert_gradients_match(entry["grads"]["agent"], gradients(ppo, params), where)
             assert entry["loss"].item() == pytest.approx(ppo.item(), rel=1e-5, abs=1e-6), where
             continue
         assert all(torch.equal(a[0], b[0]) for a, b in zip(entry["memory"]["episodes"], episodes)), where
-        h_term = entry["h_term"].item()
-        assert entry["loss"].item() == pytest.approx(ppo.item() + h_term, rel=1e-5, abs=1e-6), where
-        # -lambda * mean[pi(a|s) R_norm] over int(size * 1.0 + 1) rows drawn uniformly: near the memory's own mean.
-        with torch.no_grad():
-            mean, log_std = plain.gaussian_policy(entry["agent"], obs)
-            density = torch.distributions.Normal(mean, log_std.exp()).log_prob(actions.double()).sum(-1).exp()
-        weighted = density * r_norm.double()
-        n = len(r_norm) + 1
-        sample_mean = -h_term / PROBE_LAMBDA
-        assert 0 <= sample_mean <= weighted.max().item(), where
-        assert abs(sample_mean - weighted.mean().item()) < 4 * weighted.std().item() / n**0.5 + 1e-6, where
+        # -lambda * mean[pi(a|s) R_norm] over the rows drawn, pi the joint density of the action (not its log).
+        rows = drawn_rows(probed.backward, k, len(r_norm))
+        mean, log_std = plain.gaussian_policy(params, obs[rows])
+        density = torch.distributions.Normal(mean, log_std.exp()).log_prob(actions[rows].double()).sum(-1).exp()
+        h_term = -PROBE_LAMBDA * (density * r_norm[rows].double()).mean()
+        assert_gradients_match(entry["grads"]["agent"], gradients(ppo + h_term, params), where)
+        assert entry["h_term"].item() == pytest.approx(h_term.item(), rel=1e-5), where  # the draw replayed is the run's
+        assert entry["loss"].item() == pytest.approx(ppo.item() + h_term.item(), rel=1e-5, abs=1e-6), where
     assert states == {False, True}, "the run should show the term both off and on"
 
 

@@ -1,8 +1,9 @@
 """rpo_continuous_action.py: Robust Policy Optimization. The perturbed log-probability against scipy's normal density at
 the shifted mean, the update's draw of the shift, alpha 0 being PPO's update; the script's own loop under
-tests/probe.py (the rollout samples and stores the unperturbed policy, every minibatch's loss scores its actions
-under the mean shifted by that minibatch's uniform draw); alpha 0 reproducing ppo_continuous_action.py's run exactly;
-smoke runs (Hopper-v5, dm_control) with the saved model evaluated, SIGKILL and exact resume, bad input, learning."""
+tests/probe.py (the rollout samples and stores the unperturbed policy, every minibatch's loss and gradient score its
+actions under the mean shifted by that minibatch's uniform draw); alpha 0 reproducing ppo_continuous_action.py's run
+exactly; smoke runs (Hopper-v5, dm_control) with the saved model evaluated, SIGKILL and exact resume, bad input,
+learning."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import rpo_continuous_action as rpo
 import torch
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
 from scipy.stats import norm
+from update_reference import assert_gradients_match, gradients, leaves
 
 SCRIPT = "rpo_continuous_action.py"
 MODEL = "rpo_continuous_action.cleanrl_model"
@@ -133,12 +135,13 @@ def test_alpha_0_update_is_ppo_continuous_actions_and_draws_nothing():
 
 # --- the loop's own wiring -------------------------------------------------------------------------------------------
 # The script runs unchanged under tests/probe.py on ProbeDrift-v0 (tests/probe_box_envs.py: 8-step episodes, two action
-# dimensions with asymmetric bounds), 2 envs x 32 steps, 2 iterations of 2 epochs of 2 minibatches, alpha 0.5. The
-# tests rebuild, from the copies and the agent's state dict, the rollout's samples and stored log-probabilities
-# (unperturbed) and every minibatch's loss (perturbed by the draw update_minibatch made, `mean_shift`).
-ALPHA, NUM_STEPS = 0.5, 32
+# dimensions with asymmetric bounds), 2 envs x 32 steps, 2 iterations of 2 epochs of 2 minibatches, alpha 0.5, a small
+# entropy bonus (CleanRL's RPO has none; on here so that its term is checked). The tests rebuild, from the copies and
+# the agent's state dict, the rollout's samples and stored log-probabilities (unperturbed) and every minibatch's loss
+# and gradient (perturbed by the draw update_minibatch made, `mean_shift`).
+ALPHA, NUM_STEPS, ENT_COEF = 0.5, 32, 1e-3
 PROBE_FLAGS = ["--env-id", "ProbeDrift-v0", "--num-envs", "2", "--num-steps", str(NUM_STEPS), "--num-minibatches", "2"]
-PROBE_FLAGS += ["--update-epochs", "2", "--total-timesteps", "128", "--rpo-alpha", str(ALPHA)]
+PROBE_FLAGS += ["--update-epochs", "2", "--total-timesteps", "128", "--rpo-alpha", str(ALPHA), "--ent-coef", "1e-3"]
 RESULTS = ["action", "next_obs_np", "reward", "terminated", "truncated", "infos"]
 
 
@@ -152,6 +155,7 @@ def probed(tmp_path_factory):
         tmp_path_factory.mktemp("probe"),
         watch=["next_obs", "obs_rms", "noise", "iteration", *RESULTS],
         at_backward=["mb", "agent", "batch", "mean_shift", "iteration", "epoch"],
+        grads=["agent"],
         final=[*RESULTS, "next_obs", "obs_rms"],
         preload=["probe_box_envs"],
     )
@@ -172,30 +176,36 @@ def test_the_rollout_samples_the_unperturbed_policy_and_stores_its_unperturbed_l
         torch.testing.assert_close(batch["logprobs"].double(), stored, rtol=1e-5, atol=1e-5)
 
 
-def rpo_loss(state: dict, mb: dict, mean_shift: torch.Tensor, clip_coef: float = 0.2, vf_coef: float = 0.5):
-    """The clipped surrogate with the new log-probabilities under N(mean + mean_shift, std) against the stored ones,
-    plus CleanRL's clipped value loss; no entropy bonus (--ent-coef 0)."""
-    mean, log_std = plain.gaussian_policy(state, mb["obs"])
-    perturbed = torch.distributions.Normal(mean + mean_shift.double(), log_std.exp())
+def rpo_loss(params: dict, mb: dict, mean_shift, clip_coef: float = 0.2, vf_coef: float = 0.5, ent_coef=ENT_COEF):
+    """From the agent's parameters `params` (a state dict, or float64 leaves to differentiate): the clipped surrogate
+    with the new log-probabilities under N(mean + mean_shift, std) against the stored (unperturbed) ones, plus
+    CleanRL's clipped value loss weighted vf_coef, minus ent_coef times the entropy of the policy (its
+    state-independent std: sum(log std + log(2 pi e) / 2)). The rollout's log-probabilities, values and returns are
+    constants."""
+    mean, log_std = plain.gaussian_policy(params, mb["obs"])
+    perturbed = torch.distributions.Normal(mean + torch.as_tensor(mean_shift).double(), log_std.exp())
     ratio = (perturbed.log_prob(mb["actions"].double()).sum(-1) - mb["logprobs"].double()).exp()
     advantages = mb["advantages"].double()
     surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip_coef, 1 + clip_coef) * advantages)
-    value, old_value, returns = plain.state_value(state, mb["obs"]), mb["values"].double(), mb["returns"].double()
+    value, old_value, returns = plain.state_value(params, mb["obs"]), mb["values"].double(), mb["returns"].double()
     clipped_value = old_value + (value - old_value).clamp(-clip_coef, clip_coef)
     value_loss = 0.5 * torch.maximum((value - returns) ** 2, (clipped_value - returns) ** 2).mean()
-    return -surrogate.mean() + vf_coef * value_loss
+    entropy = (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum()
+    return -surrogate.mean() + vf_coef * value_loss - ent_coef * entropy
 
 
-def test_each_minibatch_loss_scores_its_actions_under_the_mean_shifted_by_its_own_uniform_draw(probed):
+def test_each_minibatch_steps_on_the_loss_of_its_actions_under_the_mean_shifted_by_its_own_uniform_draw(probed):
     assert len(probed.backward) == 2 * 2 * 2  # iterations x epochs x minibatches
     draws = []
     for entry in probed.backward:
         mb, shift, where = entry["mb"], entry["mean_shift"], f"iteration {entry['iteration']} epoch {entry['epoch']}"
         assert shift.shape == mb["actions"].shape == (32, 2), where
         assert shift.abs().max() <= ALPHA, where
+        params = leaves(entry["agent"])
+        expected = rpo_loss(params, mb, shift)
         with torch.no_grad():
-            expected = rpo_loss(entry["agent"], mb, shift)
-            unperturbed = plain.ppo_loss(entry["agent"], mb, clip_coef=0.2, vf_coef=0.5)
+            unperturbed = rpo_loss(entry["agent"], mb, 0.0)
+        assert_gradients_match(entry["grads"]["agent"], gradients(expected, params), where)
         assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6), where
         assert abs(expected.item() - unperturbed.item()) > 1e-3, where  # the shift shows in the loss
         draws.append(shift)
