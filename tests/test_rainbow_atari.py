@@ -2,7 +2,9 @@
 against plain references; the prioritized frame replay against the stream it was fed; SIGKILL + --resume exactness
 (priorities included), bad input; the script's own loop under tests/probe.py (the smoke runs): the rows stored on
 Breakout (lives), and every update rebuilt from the stream and the copied networks and noise (n-step returns, the
-double-Q target, importance weights with the annealed beta, the priorities written back), target-copy timing."""
+double-Q target, importance weights with the annealed beta, the priorities written back, the gradient against the
+network written out in float64 with the target held constant and none reaching the target network), target-copy
+timing."""
 
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ import numpy as np
 import pytest
 import rainbow_atari
 import torch
+import torch.nn.functional as F
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
 from scipy import stats
+from update_reference import assert_gradients_match, gradients
+from update_reference import leaves as float64_leaves  # `leaves` here: the replay's
 
 MINATAR = ["--env-id", "MinAtar/Breakout-v1"]
 # Eight envs and a gradient step every 8 vector steps; the losses are logged every 1000 steps, so runs go to 1000.
@@ -51,7 +56,15 @@ def uninterrupted(tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("uninterrupted")
     flags = [*RUN_FLAGS, "--save-model", "--eval-episodes", "2", "--exp-name", "mine"]  # operational: resumes alike
-    trace = probe_script("rainbow_atari.py", flags, workdir, watch=STEP_NAMES, at_backward=BATCH_NAMES, final=["rb"])
+    trace = probe_script(
+        "rainbow_atari.py",
+        flags,
+        workdir,
+        watch=STEP_NAMES,
+        at_backward=BATCH_NAMES,
+        grads=["q_network", "target_network"],
+        final=["rb"],
+    )
     (run_dir,) = run_dirs(workdir)
     return trace, run_dir
 
@@ -586,6 +599,28 @@ def network_as_at(update: dict, name: str) -> rainbow_atari.RainbowNetwork:
     return network
 
 
+def noisy_linear(x: torch.Tensor, params: dict, layer: str, eps_in: torch.Tensor, eps_out: torch.Tensor):
+    """A factorised noisy layer written out: (mu_w + sigma_w * eps_out eps_in^T) x + mu_b + sigma_b * eps_out."""
+    weight = params[f"{layer}.weight_mu"] + params[f"{layer}.weight_sigma"] * torch.outer(eps_out, eps_in)
+    bias = params[f"{layer}.bias_mu"] + params[f"{layer}.bias_sigma"] * eps_out
+    return x @ weight.T + bias
+
+
+def reference_log_probs(params: dict, update: dict, name: str, obs: torch.Tensor) -> torch.Tensor:
+    """The MinAtar Rainbow network written out from its state dict (`params`, float64) and the noise `name` drew at
+    this update: convolution, two noisy streams, dueling per atom, log-softmax over the atoms, [batch, actions,
+    atoms]."""
+    h = torch.relu(F.conv2d(obs.double(), params["torso.0.weight"], params["torso.0.bias"])).flatten(1)
+    streams = {}
+    for stream in ("value", "advantage"):
+        noise = [(update[f"{name}.{stream}.{i}.eps_in"].double(), update[f"{name}.{stream}.{i}.eps_out"].double())
+                 for i in (0, 2)]  # fmt: skip
+        hidden = torch.relu(noisy_linear(h, params, f"{stream}.0", *noise[0]))
+        streams[stream] = noisy_linear(hidden, params, f"{stream}.2", *noise[1])
+    value, advantage = streams["value"].view(-1, 1, 51), streams["advantage"].view(-1, 3, 51)
+    return torch.log_softmax(value + advantage - advantage.mean(dim=1, keepdim=True), dim=2)
+
+
 def test_each_update_is_the_double_q_n_step_c51_loss_weighted_by_importance_and_writes_priorities_back(uninterrupted):
     trace, _ = uninterrupted
     stream, updates = stream_of(trace), trace.backward
@@ -632,6 +667,20 @@ def test_each_update_is_the_double_q_n_step_c51_loss_weighted_by_importance_and_
             log_probs = q_network(update["obs_b"])[batch, update["actions_b"]]
         cross_entropy = -(torch.as_tensor(target).float() * log_probs).sum(dim=1)
         expected_weights = (weights / weights.max()).float()
+        # Its gradient, in float64 from the network written out: the target distribution (double Q, projected) a
+        # constant, the importance weights constants; no gradient reaches the target network.
+        where = f"update at step {update['step']}"
+        params = float64_leaves(update["q_network"], only=lambda name: name != "support")
+        with torch.no_grad():
+            targets = float64_leaves(update["target_network"], only=lambda name: False)
+            online_q = (reference_log_probs(params, update, "q_network", next_obs).exp() * support).sum(dim=2)
+            assert torch.equal(online_q.argmax(dim=1), next_actions), where
+            next_probs64 = reference_log_probs(targets, update, "target_network", next_obs)[batch, next_actions].exp()
+            target64 = reference_projection(next_probs64.numpy(), returns, discounts, support.double().numpy())
+        log_probs64 = reference_log_probs(params, update, "q_network", update["obs_b"])[batch, update["actions_b"]]
+        loss64 = ((weights / weights.max()).double() * -(torch.as_tensor(target64) * log_probs64).sum(dim=1)).mean()
+        assert_gradients_match(update["grads"]["q_network"], gradients(loss64, params), where)
+        assert all(grad is None for grad in update["grads"]["target_network"].values()), f"{where}: target gradient"
         assert update["loss"].item() == pytest.approx((expected_weights * cross_entropy).mean().item(), rel=1e-4)
         checked["online_argmax_differs"] += int((next_actions != target_network.q_values(next_obs).argmax(1)).sum())
         # The previous update's priorities, |cross-entropy| + eps to the power alpha 0.5, are in the tree this one
