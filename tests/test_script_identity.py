@@ -25,6 +25,7 @@ ONE_PER_FAMILY = ["ppo.py", "dqn_atari.py", "sac_continuous_action.py", "mappo.p
 # Tiny runs of every script: (flags, total timesteps, --checkpoint-every for a checkpoint before the end).
 RUNS = {
     "ppo.py": (["--env-id", "CartPole-v1", *PPO_TINY], 192, 100),
+    "ppo_action_mask.py": (["--env-id", "Taxi-v4", *PPO_TINY], 192, 100),
     "dqn.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY], 300, 200),
     "c51.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY, "--n-atoms", "11"], 300, 200),
     "d3qn.py": (["--env-id", "CartPole-v1", *OFF_POLICY_TINY], 300, 200),

@@ -41,7 +41,8 @@ ALGORITHM_MARKER = "# Algorithm specific arguments"
 # Which rows of the README's `--resume` table apply to a script, read from its row of the algorithm table
 # ("environments" column): a row applies when one of its patterns is in that cell.
 RESUME_ROWS = {
-    "classic control": r"gymnasium, flat|CartPole|Pendulum|PointChasing|StockTrading|MinAtar|ProofofMemory|MiniGrid",
+    "classic control": r"gymnasium, flat|CartPole|Pendulum|PointChasing|StockTrading|MinAtar|ProofofMemory|MiniGrid"
+    r"|Taxi",
     "gymnasium MuJoCo v5": r"MuJoCo v5|Hopper-v5|gymnasium's CPU vector envs",
     "dm_control suite": r"dm_control",
     "MuJoCo Warp": r"MuJoCo Warp",
@@ -52,7 +53,7 @@ RESUME_ROWS = {
 # family, the order of the README's algorithm table. A script of cleanrl/ that no family lists fails the build, as
 # one without its notes page does.
 FAMILIES = {
-    "Classic control": ["ppo", "dqn", "d3qn", "c51", "pqn"],
+    "Classic control": ["ppo", "ppo_action_mask", "dqn", "d3qn", "c51", "pqn"],
     "Continuous control": [
         "ppo_continuous_action",
         "rpo_continuous_action",
