@@ -11,7 +11,8 @@ from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpo
 
 pytest.importorskip("envpool")
 import ppg_procgen  # noqa: E402
-from test_ppo_procgen import env_stream, reference_advantages, reference_scaled_rewards  # noqa: E402
+from test_ppo_procgen import env_stream, impala_features, reference_advantages, reference_scaled_rewards  # noqa: E402
+from update_reference import RTOL, assert_gradients_match, gradients  # noqa: E402
 
 # 2 envs x 16 steps, an auxiliary phase every 2 iterations (64 steps): 1 epoch over minibatches of 2 rollouts.
 TINY = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--n-iteration", "2"]
@@ -127,18 +128,20 @@ def test_bad_input_fails_in_one_line(workdir, flags, fragments):
 
 
 # The loop's own wiring: the script runs unchanged under tests/probe.py (4 envs x 16 steps, 4 iterations, an auxiliary
-# phase every 2 with 2 minibatches of 4 rollouts, gradients clipped to a norm of 0.05 so that the clipping acts; seed 3
-# scores and ends episodes within those 256 steps), which
-# copies what the env returned at every step and, at every backward(), the networks, the optimiser, the rollout
-# storage and the minibatch; the tests rebuild rewards, advantages, both phases' losses and each step's clipped
-# gradient from those copies. The same run is the smoke test (TensorBoard keys, the saved model and its evaluation).
+# phase every 2 with 2 minibatches of 4 rollouts, gradients clipped to a norm of 0.05 so that the clipping acts, the
+# clone term weighted 0.5 so that its weight shows; seed 3 scores and ends episodes within those 256 steps), which
+# copies what the env returned at every step and, at every backward(), the networks, their gradients, the optimiser,
+# the rollout storage and the minibatch; the tests rebuild rewards, advantages, both phases' losses and gradients (in
+# float64) and each step's clipped gradient from those copies. The same run is the smoke test (TensorBoard keys, the
+# saved model and its evaluation).
 PROBE_FLAGS = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--n-iteration", "2", "--seed", "3"]
-PROBE_FLAGS += ["--e-auxiliary", "1", "--num-aux-rollouts", "4", "--max-grad-norm", "0.05"]
+PROBE_FLAGS += ["--e-auxiliary", "1", "--num-aux-rollouts", "4", "--max-grad-norm", "0.05", "--beta-clone", "0.5"]
 PROBE_FLAGS += ["--total-timesteps", "256", "--save-model", "--eval-episodes", "1"]
 STREAM_NAMES = ["action", "reward", "terminated", "truncated", "next_obs_np"]
 UPDATE_NAMES = ["policy", "value_net", "optimizer", "storage", "next_obs", "iteration", "mb_inds", "b_advantages"]
 UPDATE_NAMES += ["b_returns", "cols", "mb_obs", "mb_returns", "mb_old", "kl_loss", "aux_value_loss", "real_value_loss"]
-GAMMA, GAE_LAMBDA, NUM_ENVS, NUM_STEPS, ITERATIONS, MAX_GRAD_NORM = 0.999, 0.95, 4, 16, 4, 0.05
+GAMMA, GAE_LAMBDA, NUM_ENVS, NUM_STEPS, ITERATIONS, MAX_GRAD_NORM, BETA_CLONE = 0.999, 0.95, 4, 16, 4, 0.05, 0.5
+GRADS = ("policy", "value_net")  # the networks whose gradients the probe records, in the optimiser's order
 
 
 @pytest.fixture(scope="module")
@@ -148,23 +151,36 @@ def probed(tmp_path_factory):
     torch.set_num_threads(1)  # as the script runs (--torch-threads 1): more threads on a busy CPU are far slower
     cwd = tmp_path_factory.mktemp("probe")
     trace = probe_script(
-        "ppg_procgen.py", PROBE_FLAGS, cwd, watch=STREAM_NAMES, at_backward=UPDATE_NAMES, final=STREAM_NAMES
+        "ppg_procgen.py",
+        PROBE_FLAGS,
+        cwd,
+        watch=STREAM_NAMES,
+        at_backward=UPDATE_NAMES,
+        grads=["policy", "value_net"],
+        final=STREAM_NAMES,
     )
     return trace, cwd
 
 
-def networks(update: dict) -> tuple[ppg_procgen.PolicyNetwork, ppg_procgen.ValueNetwork]:
+def networks(update: dict, dtype=torch.float32) -> tuple[ppg_procgen.PolicyNetwork, ppg_procgen.ValueNetwork]:
     policy, value_net = ppg_procgen.PolicyNetwork((3, 64, 64), 15), ppg_procgen.ValueNetwork((3, 64, 64))
     policy.load_state_dict(update["policy"])
     value_net.load_state_dict(update["value_net"])
-    return policy, value_net
+    return policy.to(dtype), value_net.to(dtype)
 
 
-def heads(policy, value_net, obs: torch.Tensor) -> tuple[torch.distributions.Categorical, torch.Tensor, torch.Tensor]:
-    """The policy, the auxiliary value and the value of uint8 frames, written out (no channels-last layout)."""
-    hidden = policy.network(obs.float() / 255.0)
-    aux_value = policy.aux_critic(hidden).squeeze(-1)
-    return torch.distributions.Categorical(logits=policy.actor(hidden)), aux_value, value_net(obs)
+def heads(policy, value_net, obs: torch.Tensor, float32: tuple | None = None):
+    """The policy, the auxiliary value and the value of uint8 frames, written out (no channels-last layout), in the
+    networks' precision; with `float32` (the same two networks in float32), the torsos on the branches of the float32
+    pass (test_ppo_procgen.impala_features)."""
+    if float32 is None:
+        hidden = policy.network(obs.to(policy.actor.weight.dtype) / 255.0)
+        value_hidden = value_net.network(obs.to(value_net.critic.weight.dtype) / 255.0)
+    else:
+        hidden = impala_features(policy.network, float32[0].network, obs)
+        value_hidden = impala_features(value_net.network, float32[1].network, obs)
+    aux_value, value = policy.aux_critic(hidden).squeeze(-1), value_net.critic(value_hidden).squeeze(-1)
+    return torch.distributions.Categorical(logits=policy.actor(hidden)), aux_value, value
 
 
 def policy_updates(trace) -> list[dict]:
@@ -256,23 +272,27 @@ def test_advantages_the_policy_phase_used_are_a_plain_gae_normalised_over_the_ba
             assert set(update["mb_inds"].tolist()) <= set(keep.tolist())  # no autoreset step in a minibatch
 
 
-def policy_phase_loss(update: dict, reference: dict) -> tuple[torch.Tensor, list[torch.nn.Parameter]]:
-    """PPO's loss of the minibatch: the clipped surrogate on the policy network with the batch-normalised advantages,
-    the entropy bonus, the clipped value loss on the value network."""
-    policy, value_net = networks(update)
+def policy_phase_loss(update: dict, reference: dict, double: bool) -> tuple[torch.Tensor, tuple]:
+    """PPO's loss of the minibatch (`double`: in float64): the clipped surrogate on the policy network with the
+    batch-normalised advantages, the entropy bonus, the clipped value loss on the value network. Advantages, returns
+    and the rollout's values and log-probabilities are constants."""
+    dtype = torch.float64 if double else torch.float32
+    policy, value_net = networks(update, dtype)
     mb = update["mb_inds"].numpy()
     keep = reference["transitions"]
     advantages = reference["advantages"].reshape(-1)
     advantages = (advantages - advantages[keep].mean()) / (advantages[keep].std(ddof=1) + 1e-8)
-    advantages = torch.from_numpy(advantages[mb]).float()
-    returns = torch.from_numpy(reference["returns"].reshape(-1)[mb]).float()
-    old_values = torch.from_numpy(reference["values"].reshape(-1)[mb]).float()
-    pi, _, values = heads(policy, value_net, reference["obs"].flatten(0, 1)[mb])
-    ratio = (pi.log_prob(reference["actions"].reshape(-1)[mb]) - reference["log_probs"].reshape(-1)[mb]).exp()
+    advantages = torch.from_numpy(advantages[mb]).to(dtype)
+    returns = torch.from_numpy(reference["returns"].reshape(-1)[mb]).to(dtype)
+    old_values = torch.from_numpy(reference["values"].reshape(-1)[mb]).to(dtype)
+    float32 = networks(update) if double else None
+    pi, _, values = heads(policy, value_net, reference["obs"].flatten(0, 1)[mb], float32)
+    old_log_probs = reference["log_probs"].reshape(-1)[mb].to(dtype)
+    ratio = (pi.log_prob(reference["actions"].reshape(-1)[mb]) - old_log_probs).exp()
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(0.8, 1.2)).mean()
     clipped_values = old_values + (values - old_values).clamp(-0.2, 0.2)
     v_loss = 0.5 * torch.max((values - returns) ** 2, (clipped_values - returns) ** 2).mean()
-    return pg_loss - 0.01 * pi.entropy().mean() + 0.5 * v_loss, [*policy.parameters(), *value_net.parameters()]
+    return pg_loss - 0.01 * pi.entropy().mean() + 0.5 * v_loss, (policy, value_net)
 
 
 def aux_rollouts(references: list[dict], iteration: int) -> dict:
@@ -286,57 +306,101 @@ def aux_rollouts(references: list[dict], iteration: int) -> dict:
     )
 
 
-def aux_phase_loss(update: dict, phase_start: dict, references: list[dict]) -> tuple[torch.Tensor, dict, list]:
-    """The auxiliary loss of the minibatch: KL(policy at the phase's start || policy now) + the auxiliary value head's
-    and the value network's squared errors on the stored returns, over the minibatch's rollouts' real steps."""
+def aux_phase_loss(update: dict, phase_start: dict, references: list[dict], double: bool) -> tuple:
+    """The auxiliary loss of the minibatch (`double`: in float64): beta_clone * KL(policy at the phase's start ||
+    policy now) + the auxiliary value head's and the value network's squared errors on the stored returns, over the
+    minibatch's rollouts' real steps. The KL's target (the policy at the phase's start; old_pi: computed without
+    gradient from the copy taken at the phase's first backward) and the returns are constants."""
+    dtype = torch.float64 if double else torch.float32
     buffer = aux_rollouts(references, update["iteration"])
     cols, valid = update["cols"], buffer["valid"][:, update["cols"]].flatten(0, 1)
     obs = buffer["obs"][:, cols].flatten(0, 1)[valid]
-    returns = buffer["returns"][:, cols].flatten(0, 1)[valid]
+    returns = buffer["returns"][:, cols].flatten(0, 1)[valid].to(dtype)
     with torch.no_grad():
-        old_pi, _, _ = heads(*networks(phase_start), obs)
-    policy, value_net = networks(update)
-    pi, aux_values, values = heads(policy, value_net, obs)
+        old_pi, _, _ = heads(*networks(phase_start, dtype), obs)
+    policy, value_net = networks(update, dtype)
+    pi, aux_values, values = heads(policy, value_net, obs, networks(update) if double else None)
     parts = dict(
         obs=obs,
         returns=returns,
         old_log_probs=old_pi.logits,
-        kl_loss=torch.distributions.kl_divergence(old_pi, pi).mean(),
+        # KL(policy at the phase's start || policy now), the target as the script computed it: its float32
+        # log-probabilities, which the test below checks against old_pi's. (A float64 target differs from them by
+        # float32 rounding, and the KL's gradient, p_now - p_start, is a small difference of the two.)
+        kl_loss=torch.distributions.kl_divergence(
+            torch.distributions.Categorical(logits=update["mb_old"].to(dtype)), pi
+        ).mean(),
         aux_value_loss=0.5 * ((aux_values - returns) ** 2).mean(),
         real_value_loss=0.5 * ((values - returns) ** 2).mean(),
     )
-    loss = parts["aux_value_loss"] + 1.0 * parts["kl_loss"] + parts["real_value_loss"]
-    return loss, parts, [*policy.parameters(), *value_net.parameters()]
+    loss = parts["aux_value_loss"] + BETA_CLONE * parts["kl_loss"] + parts["real_value_loss"]
+    return loss, parts, (policy, value_net)
 
 
 def phase_start_of(trace, update: dict) -> dict:
     return next(u for u in aux_updates(trace) if u["iteration"] == update["iteration"])
 
 
+def checks_gradient(updates: list[dict], k: int) -> bool:
+    """Whether backward k's gradient is checked against a float64 reference (a float64 pass of two IMPALA CNNs costs
+    seconds of CPU, so not at every step): the last policy-phase step before each auxiliary phase, and each auxiliary
+    phase's second step (its first sees the policy as it was when the phase began: a KL of zero, and no gradient)."""
+    if updates[k]["where"] == "<module>":
+        return k + 1 < len(updates) and updates[k + 1]["where"] == "auxiliary_phase"
+    return updates[k - 1]["where"] == "auxiliary_phase"
+
+
 @pytest.fixture(scope="module")
 def recomputed(probed, references) -> list[dict]:
     """Per backward() of the run, the loss rebuilt from the copies (policy phase: PPO's; auxiliary phase: the
-    distillation loss), its parts, and its gradient with respect to both networks' parameters (None: not reached)."""
+    distillation loss; in float64 where checks_gradient), its parts, and its gradient with respect to each network's
+    parameters (zeros where it does not reach), by network and parameter name."""
     trace, _ = probed
     out = []
-    for update in trace.backward:
+    for k, update in enumerate(trace.backward):
+        double = checks_gradient(trace.backward, k)
         if update["where"] == "<module>":
-            loss, params = policy_phase_loss(update, references[update["iteration"] - 1])
+            loss, nets = policy_phase_loss(update, references[update["iteration"] - 1], double)
             parts = {}
         else:
-            loss, parts, params = aux_phase_loss(update, phase_start_of(trace, update), references)
-        loss.backward()
+            loss, parts, nets = aux_phase_loss(update, phase_start_of(trace, update), references, double)
+        params = {f"{net}.{name}": p for net, module in zip(GRADS, nets) for name, p in module.named_parameters()}
+        grads = gradients(loss, params)
+        grads = {
+            net: {name.split(".", 1)[1]: g for name, g in grads.items() if name.startswith(f"{net}.")} for net in GRADS
+        }
         parts = {name: value.detach() for name, value in parts.items()}
-        out.append(dict(loss=loss.item(), parts=parts, grads=[p.grad for p in params]))
+        out.append(dict(loss=loss.item(), parts=parts, grads=grads, double=double))
     return out
+
+
+# The auxiliary phase's minibatches are 64 frames: its first convolutions' gradients sum ~260k float32 terms of both
+# signs (64 frames x 64 x 64 positions), and the script's float32 sums are off by up to 4.2e-5 of their norm there
+# (measured at the second phase's second step; a float32 reference in another layout is off by as much; elsewhere
+# 8e-6). The policy phase (32 frames) keeps the default.
+AUX_RTOL = 1e-4
+
+
+def assert_step_gradients(update: dict, expected: dict, where: str) -> int:
+    """Where the reference is float64: both networks' gradients after the backward() were its reference loss's.
+    Returns 1 if checked, else 0."""
+    if not expected["double"]:
+        return 0
+    rtol = AUX_RTOL if update["where"] == "auxiliary_phase" else RTOL
+    for net in GRADS:
+        assert_gradients_match(update["grads"][net], expected["grads"][net], f"{where}: {net}", rtol)
+    return 1
 
 
 def test_every_policy_phase_loss_is_the_ppo_loss_of_its_minibatch(probed, recomputed):
     trace, _ = probed
     assert len(policy_updates(trace)) == ITERATIONS * 2
+    checked = 0
     for update, expected in zip(trace.backward, recomputed):
         if update["where"] == "<module>":
+            checked += assert_step_gradients(update, expected, f"policy phase at step {update['step']}")
             assert update["loss"].item() == pytest.approx(expected["loss"], rel=1e-4, abs=1e-5), update["step"]
+    assert checked == 2
 
 
 def test_the_probed_run_writes_finite_scalars_and_evaluates_saved_model(probed):
@@ -365,21 +429,24 @@ def test_the_auxiliary_phase_runs_every_n_iteration_iterations_over_their_rollou
 
 def test_the_auxiliary_phase_distils_the_stored_returns_against_the_policy_from_before_the_phase(probed, recomputed):
     trace, _ = probed
-    kl_seen = 0.0
+    kl_seen, checked = 0.0, 0
     for update, expected in zip(trace.backward, recomputed):
         if update["where"] != "auxiliary_phase":
             continue
         parts = expected["parts"]
         # the minibatch is its rollouts' real steps from the buffer, with the returns the policy phase computed
         assert torch.equal(update["mb_obs"], parts["obs"])
-        torch.testing.assert_close(update["mb_returns"], parts["returns"], atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(update["mb_returns"], parts["returns"].float(), atol=2e-4, rtol=1e-4)
         # the KL term's target is the policy as it was when the phase began, not the one being trained
-        torch.testing.assert_close(update["mb_old"], torch.log_softmax(parts["old_log_probs"], -1), atol=1e-5, rtol=0)
+        old_log_probs = torch.log_softmax(parts["old_log_probs"], -1).float()
+        torch.testing.assert_close(update["mb_old"], old_log_probs, atol=1e-5, rtol=0)
+        checked += assert_step_gradients(update, expected, f"auxiliary phase at step {update['step']}")
         for name in ("kl_loss", "aux_value_loss", "real_value_loss"):
             assert update[name].item() == pytest.approx(parts[name].item(), rel=1e-4, abs=1e-7), name
         assert update["loss"].item() == pytest.approx(expected["loss"], rel=1e-4, abs=1e-6)
         kl_seen = max(kl_seen, parts["kl_loss"].item())
     assert kl_seen > 1e-6  # the second minibatch of a phase sees a policy that has moved
+    assert checked == 2
 
 
 def test_each_step_applies_the_gradient_of_its_loss_clipped_over_both_networks_together(probed, recomputed):
@@ -389,14 +456,17 @@ def test_each_step_applies_the_gradient_of_its_loss_clipped_over_both_networks_t
     updates = trace.backward
     clipped = 0
     for update, after, expected in zip(updates, updates[1:], recomputed):
-        raw = expected["grads"]
-        norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in raw if g is not None]))
+        raw = [grad for net in GRADS for grad in expected["grads"][net].values()]  # the optimiser's order
+        reached = [bool(grad.any()) for grad in raw]
+        # a parameter the loss does not reach gets no gradient at all (None), the others one
+        assert reached == [grad is not None for net in GRADS for grad in update["grads"][net].values()], update["step"]
+        norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in raw]))
         scale = min(1.0, MAX_GRAD_NORM / (norm.item() + 1e-6))
         clipped += scale < 1.0
         state_before, state_after = update["optimizer"]["state"], after["optimizer"]["state"]
         applied, wanted = [], []
         for k, grad in enumerate(raw):
-            if grad is None:  # a head this loss does not reach: Adam leaves it alone
+            if not reached[k]:  # a head this loss does not reach: Adam leaves it alone
                 assert k not in state_before or torch.equal(state_after[k]["exp_avg"], state_before[k]["exp_avg"]), k
                 continue
             m_before = state_before[k]["exp_avg"] if k in state_before else 0.0

@@ -1,7 +1,7 @@
 """ppo_isaacgym.py: its own loop on MuJoCo Warp under tests/probe.py (no host reads in the rollout or the update,
-storage and statistics against the stream, GAE with truncations, every minibatch's loss); the five MuJoCo Warp tasks
-against gymnasium's v5 tasks (Ant and Hopper over 100 steps, the others over 10; the step and the first observation
-after an automatic reset), smoke runs on both simulators (Isaac Gym through the test double in
+storage and statistics against the stream, GAE with truncations, every minibatch's loss and gradient); the five MuJoCo
+Warp tasks against gymnasium's v5 tasks (Ant and Hopper over 100 steps, the others over 10; the step and the first
+observation after an automatic reset), smoke runs on both simulators (Isaac Gym through the test double in
 tests/isaacgym_double.py), bad input, evaluation, and SIGTERM + resume reproducing the uninterrupted run.
 
 MuJoCo Warp compiles its kernels on first use (cached in ~/.cache/warp): a cold cache adds a minute or two to the
@@ -25,6 +25,8 @@ import ppo_isaacgym as pig
 import pytest
 import torch
 from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+from test_ppo_continuous import reference_ppo_loss
+from update_reference import assert_gradients_match, gradients, leaves
 
 SCRIPT = "ppo_isaacgym.py"
 MODEL = "ppo_isaacgym.cleanrl_model"
@@ -50,9 +52,11 @@ def load(path: Path) -> dict:
 # --- the loop's own wiring, on MuJoCo Warp ---------------------------------------------------------------
 # The script runs unchanged under tests/probe.py, resumed from the uninterrupted Hopper run's last checkpoint (step
 # 512) for 2 more iterations, with every world's step count set to 996 so that those that stay up are truncated by
-# the 1000-step limit 4 steps in (others terminate by falling): both ends in 32 steps of 8 tiny worlds. The tests
-# rebuild what the loop stored and computed from the copies with plain references (tests/continuous_reference.py),
-# and check from the host reads it made (tests/probe_host_reads.py) that its rollout and update stay on the device.
+# the 1000-step limit 4 steps in (others terminate by falling): both ends in 32 steps of 8 tiny worlds, and a small
+# entropy bonus (--ent-coef 1e-3; the default is 0) so that its term is checked too. The tests rebuild what the loop
+# stored and computed (every minibatch's loss and gradient included) from the copies with plain references
+# (tests/continuous_reference.py), and check from the host reads it made (tests/probe_host_reads.py) that its rollout
+# and update stay on the device.
 PROBE_WATCH = ["next_obs", "obs_rms", "iteration", "action", "raw_obs", "reward", "terminated", "truncated", "info"]
 PROBE_RESULTS = ("action", "raw_obs", "reward", "terminated", "truncated", "info")
 PROBE_AT_BACKWARD = ["mb", "agent", "batch", "obs", "actions", "rewards", "terminations", "truncations", "final_obs"]
@@ -60,6 +64,7 @@ PROBE_AT_BACKWARD += ["iteration", "epoch"]
 ROLLOUT_FUNCTIONS = {"update_minibatch", "compute_gae", "step", "_simulate", "_position", "_observe", "_healthy"}
 ROLLOUT_FUNCTIONS |= {"_reset_worlds", "_observe_after_reset", "sample_action", "log_prob", "get_value", "normalize"}
 ROLLOUT_FUNCTIONS |= {"update"}  # RunningMeanStd.update
+PROBE_ENT_COEF = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +81,11 @@ def probe_resumed(straight_dir: Path, cwd: Path):
     shutil.copytree(straight_dir, run_dir)
     checkpoint = load(run_dir / "checkpoint.pt")
     assert checkpoint["global_step"] == 512 and checkpoint["iteration"] == 4
-    checkpoint["args"].update(total_timesteps=768, num_iterations=6)
+    checkpoint["args"].update(total_timesteps=768, num_iterations=6, ent_coef=PROBE_ENT_COEF)
     checkpoint["envs"]["elapsed"].fill_(996)  # 4 steps from gymnasium's time limit
     torch.save(checkpoint, run_dir / "checkpoint.pt")
-    flags = [*HOPPER_FLAGS[:-4], "--total-timesteps", "768", "--resume", str(run_dir / "checkpoint.pt")]
+    flags = [*HOPPER_FLAGS[:-4], "--total-timesteps", "768", "--ent-coef", str(PROBE_ENT_COEF)]
+    flags += ["--resume", str(run_dir / "checkpoint.pt")]
     host_reads = cwd / "host_reads.txt"
     trace = probe_script(
         SCRIPT,
@@ -87,6 +93,7 @@ def probe_resumed(straight_dir: Path, cwd: Path):
         cwd,
         watch=PROBE_WATCH,
         at_backward=PROBE_AT_BACKWARD,
+        grads=["agent"],
         final=[*PROBE_RESULTS, "next_obs", "obs_rms"],
         preload=["probe_host_reads"],
         env=script_env(PROBE_HOST_READS=str(host_reads)),
@@ -181,8 +188,11 @@ def test_gae_bootstraps_truncations_from_the_final_observation_and_each_minibatc
                 where
             )
             normalised = (mb["advantages"] - mb["advantages"].mean()) / (mb["advantages"].std() + 1e-8)
-            with torch.no_grad():
-                expected = plain.ppo_loss(entry["agent"], mb | {"advantages": normalised}, 0.2, 2.0, clip_vloss=False)
+            params = leaves(entry["agent"])
+            expected = reference_ppo_loss(
+                params, mb | {"advantages": normalised}, 0.2, 2.0, PROBE_ENT_COEF, clip_vloss=False
+            )
+            assert_gradients_match(entry["grads"]["agent"], gradients(expected, params), where)
             assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6), where
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, gradients
 
 pytest.importorskip("envpool")
 import ppo_procgen  # noqa: E402
@@ -124,9 +125,10 @@ def test_bad_input_fails_in_one_line(workdir, flags, fragments):
 
 
 # The loop's own wiring: the script runs unchanged under tests/probe.py, which copies what the env returned at every
-# step and, at every backward(), the rollout storage, the network and the minibatch; the tests rebuild the scaled
-# rewards, the advantages and every loss from those copies. The same run is the smoke test (TensorBoard keys, a video,
-# the saved model and its evaluation). 8 envs x 32 steps, 2 iterations of 2 epochs x 2 minibatches.
+# step and, at every backward(), the rollout storage, the network, the minibatch and the gradient; the tests rebuild the
+# scaled rewards, the advantages and every loss and gradient from those copies. The same run is the smoke test
+# (TensorBoard keys, a video, the saved model and its evaluation). 8 envs x 32 steps, 2 iterations of 2 epochs x 2
+# minibatches.
 PROBE_FLAGS = ["--num-envs", "8", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
 PROBE_FLAGS += ["--total-timesteps", "512", "--save-model", "--eval-episodes", "2", "--capture-video"]
 STREAM_NAMES = ["action", "reward", "terminated", "truncated", "next_obs_np"]
@@ -141,7 +143,13 @@ def probed(tmp_path_factory):
     torch.set_num_threads(1)  # as the script runs (--torch-threads 1): more threads on a busy CPU are far slower
     cwd = tmp_path_factory.mktemp("probe")
     trace = probe_script(
-        "ppo_procgen.py", PROBE_FLAGS, cwd, watch=STREAM_NAMES, at_backward=UPDATE_NAMES, final=STREAM_NAMES
+        "ppo_procgen.py",
+        PROBE_FLAGS,
+        cwd,
+        watch=STREAM_NAMES,
+        at_backward=UPDATE_NAMES,
+        grads=["agent"],
+        final=STREAM_NAMES,
     )
     return trace, cwd
 
@@ -308,23 +316,73 @@ def test_each_epoch_visits_every_transition_once_and_never_an_autoreset_step(pro
             assert sorted(torch.cat(minibatches).tolist()) == references[i - 1]["transitions"].tolist()
 
 
-def test_every_loss_is_the_ppo_loss_of_its_minibatch(probed, references):
+def impala_features(network: torch.nn.Sequential, float32_network: torch.nn.Sequential, obs: torch.Tensor):
+    """The features of uint8 frames from an IMPALA CNN (impala_cnn's layers) in float64, each max-pool and ReLU taking
+    the branch that the same network in float32 and the channels-last layout (the script's pass) takes. Procgen's flat
+    backgrounds make nearly equal activations, near-ties that float32 and float64 round apart: without this the
+    gradient goes back through another, equally valid, branch (measured on the probed runs: 8 of the 3.4M pooled
+    positions of a minibatch; the torso's gradients then off by up to 3.5e-4 of their norm here, 2.3e-3 in
+    ppg_procgen's, the heads' by 6e-7)."""
+
+    def relu(x, x32):  # the float64 activations on the float32 pass's pattern, and the float32 pass's
+        return x * (x32 > 0), torch.relu(x32)
+
+    float32_network.requires_grad_(False)  # its pass only picks the branches
+    x = obs.double() / 255.0
+    x32 = (obs.float() / 255.0).contiguous(memory_format=torch.channels_last)
+    for sequence, sequence32 in zip(network[:3], float32_network[:3]):
+        x32, positions = torch.nn.functional.max_pool2d(sequence32.conv(x32), 3, 2, 1, return_indices=True)
+        x = sequence.conv(x).flatten(2).gather(2, positions.flatten(2)).view(positions.shape)
+        for block, block32 in zip(
+            (sequence.res_block0, sequence.res_block1), (sequence32.res_block0, sequence32.res_block1)
+        ):
+            a, a32 = relu(x, x32)
+            b, b32 = relu(block.conv0(a), block32.conv0(a32))
+            x, x32 = x + block.conv1(b), x32 + block32.conv1(b32)
+    x, x32 = relu(x.flatten(1), x32.flatten(1))
+    return relu(network[5](x), float32_network[5](x32))[0]
+
+
+def test_every_loss_is_the_ppo_loss_of_its_minibatch_and_the_last_of_each_iteration_steps_on_its_gradient(
+    probed, references
+):
+    """PPO's loss from the network's parameters: the clipped surrogate on the minibatch's normalised advantages, 0.5
+    times half the clipped squared value error, minus 0.01 times the entropy; the advantages (a plain GAE over the
+    stream), the returns, the rollout's values and log-probabilities are constants. Its gradient, in float64, against
+    the recorded one at the last step of each iteration (after three steps moved the network; a float64 pass of the
+    IMPALA CNN costs ~2.5 s of CPU per minibatch, so not at every step), its value at every step."""
     trace, _ = probed
     assert len(trace.backward) == 2 * 2 * 2
-    for update in trace.backward:
+    checked = 0
+    for k, update in enumerate(trace.backward):
         reference, storage, mb = references[update["iteration"] - 1], update["storage"], update["mb_inds"]
-        advantages = torch.from_numpy(reference["advantages"].reshape(-1)[mb.numpy()]).float()
-        returns = advantages + storage["values"].reshape(-1)[mb]
+        where = f"iteration {update['iteration']} epoch {update['epoch']}"
+        last = k + 1 == len(trace.backward) or trace.backward[k + 1]["iteration"] != update["iteration"]
+        dtype = torch.float64 if last else torch.float32
+        advantages = torch.from_numpy(reference["advantages"].reshape(-1)[mb.numpy()]).to(dtype)
+        old_values = storage["values"].reshape(-1)[mb].to(dtype)
+        old_log_probs = storage["logprobs"].reshape(-1)[mb].to(dtype)
+        returns = advantages + old_values
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        old_values, old_log_probs = storage["values"].reshape(-1)[mb], storage["logprobs"].reshape(-1)[mb]
-        with torch.no_grad():
-            policy, values = policy_and_value(network(update["agent"]), storage["obs"].flatten(0, 1)[mb])
-        ratio = (policy.log_prob(storage["actions"].reshape(-1)[mb]) - old_log_probs).exp()
-        pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(0.8, 1.2)).mean()
-        clipped_values = old_values + (values - old_values).clamp(-0.2, 0.2)
-        v_loss = 0.5 * torch.max((values - returns) ** 2, (clipped_values - returns) ** 2).mean()
-        expected = pg_loss - 0.01 * policy.entropy().mean() + 0.5 * v_loss
-        assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-5), update["step"]
+        agent, obs = network(update["agent"]).to(dtype), storage["obs"].flatten(0, 1)[mb]
+        with torch.set_grad_enabled(last):
+            if last:
+                hidden = impala_features(agent.network, network(update["agent"]).network, obs)
+                policy = torch.distributions.Categorical(logits=agent.actor(hidden))
+                values = agent.critic(hidden).squeeze(-1)
+            else:
+                policy, values = policy_and_value(agent, obs)
+            ratio = (policy.log_prob(storage["actions"].reshape(-1)[mb]) - old_log_probs).exp()
+            pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(0.8, 1.2)).mean()
+            clipped_values = old_values + (values - old_values).clamp(-0.2, 0.2)
+            v_loss = 0.5 * torch.max((values - returns) ** 2, (clipped_values - returns) ** 2).mean()
+            expected = pg_loss - 0.01 * policy.entropy().mean() + 0.5 * v_loss
+        if last:
+            reference_grads = gradients(expected, dict(agent.named_parameters()))
+            assert_gradients_match(update["grads"]["agent"], reference_grads, where)
+            checked += 1
+        assert update["loss"].item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-5), where
+    assert checked == 2
 
 
 def test_the_probed_run_writes_finite_scalars_at_a_constant_learning_rate_and_evaluates_saved_model(probed):

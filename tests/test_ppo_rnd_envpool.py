@@ -9,6 +9,7 @@ import ppo_rnd_envpool
 import pytest
 import torch
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, assert_unchanged, gradients
 
 pytest.importorskip("envpool")
 
@@ -135,11 +136,11 @@ def test_bad_input_fails_in_one_line(workdir, flags, fragments):
 
 # The loop's own wiring: the script runs unchanged under tests/probe.py on Breakout-v5 (lives to lose and points to
 # score within a few hundred steps), 2 envs x 64 steps, 3 iterations of 1 epoch x 2 minibatches. It copies what the env
-# returned at every step and, at every backward(), the networks (the RND model with its observation statistics), the
-# rollout storage, the advantages and the minibatch with the predictor's mask; the tests rebuild the intrinsic rewards,
-# their normalisation, both GAEs and every loss from those copies, relative to what the loop saw from the env (its
-# terminations, life losses and autoreset steps). The same run is the smoke test (TensorBoard keys, the saved model and
-# its evaluation).
+# returned at every step and, at every backward(), the networks (the RND model with its observation statistics) and
+# their gradients, the rollout storage, the advantages and the minibatch with the predictor's mask; the tests rebuild
+# the intrinsic rewards, their normalisation, both GAEs and every loss and gradient from those copies, relative to what
+# the loop saw from the env (its terminations, life losses and autoreset steps). The same run is the smoke test
+# (TensorBoard keys, the saved model and its evaluation).
 PROBE_FLAGS = ["--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2"]
 PROBE_FLAGS += ["--update-epochs", "1", "--num-iterations-obs-norm-init", "1", "--total-timesteps", "384"]
 PROBE_FLAGS += ["--save-model", "--eval-episodes", "1"]
@@ -157,7 +158,13 @@ def probed(tmp_path_factory):
     torch.set_num_threads(1)  # as the script runs (--torch-threads 1): more threads on a busy CPU are far slower
     cwd = tmp_path_factory.mktemp("probe")
     trace = probe_script(
-        "ppo_rnd_envpool.py", PROBE_FLAGS, cwd, watch=STREAM_NAMES, at_backward=UPDATE_NAMES, final=STREAM_NAMES
+        "ppo_rnd_envpool.py",
+        PROBE_FLAGS,
+        cwd,
+        watch=STREAM_NAMES,
+        at_backward=UPDATE_NAMES,
+        grads=["agent", "rnd_model"],
+        final=STREAM_NAMES,
     )
     return trace, cwd
 
@@ -189,21 +196,32 @@ def env_stream(trace) -> list[dict]:
     return stream
 
 
-def rnd_outputs(rnd_state: dict, frames: torch.Tensor, stats: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rnd_outputs(rnd_model, frames: torch.Tensor, stats: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The predictor's and the fixed target's features of uint8 frames [batch, 84, 84], normalised (clipped to
-    [-5, 5]) by the observation statistics `stats` (default: those in `rnd_state`)."""
-    rnd_model = ppo_rnd_envpool.RNDModel((84, 84))
-    rnd_model.load_state_dict(rnd_state)
-    stats = stats or rnd_state
+    [-5, 5], as float32) by the observation statistics `stats` (default: the model's own). `rnd_model`: an RNDModel
+    (run in its precision) or its state dict."""
+    if isinstance(rnd_model, dict):
+        rnd_model = network("rnd_model", rnd_model)
+    stats = stats or rnd_model.state_dict()
     x = ((frames.double() - stats["obs_rms.mean"]) / stats["obs_rms.var"].sqrt()).clamp(-5, 5).float().unsqueeze(1)
+    x = x.to(rnd_model.predictor[0].weight.dtype)
     return rnd_model.predictor(x), rnd_model.target(x)
 
 
-def agent_heads(state: dict, obs: torch.Tensor):
-    """The policy and both values of uint8 observations: the agent sees raw pixels / 255, never the RND statistics."""
-    agent = ppo_rnd_envpool.Agent((4, 84, 84), 4)
-    agent.load_state_dict(state)
-    hidden = agent.network(obs.float() / 255.0)
+def network(name: str, state: dict, double: bool = False) -> torch.nn.Module:
+    """The Agent ("agent") or the RNDModel ("rnd_model") holding `state`; `double`: in float64 (the RND model's
+    running statistics are float64 already)."""
+    module = ppo_rnd_envpool.Agent((4, 84, 84), 4) if name == "agent" else ppo_rnd_envpool.RNDModel((84, 84))
+    module.load_state_dict(state)
+    return module.double() if double else module
+
+
+def agent_heads(agent, obs: torch.Tensor):
+    """The policy and both values of uint8 observations: the agent sees raw pixels / 255, never the RND statistics.
+    `agent`: an Agent (run in its precision) or its state dict."""
+    if isinstance(agent, dict):
+        agent = network("agent", agent)
+    hidden = agent.network(obs.to(agent.critic_ext.weight.dtype) / 255.0)
     features = agent.extra_layer(hidden) + hidden
     pi = torch.distributions.Categorical(logits=agent.actor(hidden))
     return pi, agent.critic_ext(features).squeeze(-1), agent.critic_int(features).squeeze(-1)
@@ -333,9 +351,11 @@ def test_the_observation_statistics_take_in_each_rollouts_next_frames_before_its
         assert after["obs_rms.count"].item() == pytest.approx(total.item())
         torch.testing.assert_close(after["obs_rms.mean"], mean)
         torch.testing.assert_close(after["obs_rms.var"], var)
-    # the target network is fixed, the predictor learns
+    # the target network is fixed (from one gradient step to the next), the predictor learns
+    for update, after in zip(trace.backward, trace.backward[1:]):
+        target = lambda name: name.startswith("target.")  # noqa: E731
+        assert_unchanged(update["rnd_model"], after["rnd_model"], f"step {update['step']}", names=target)
     first, last = trace.backward[0]["rnd_model"], trace.backward[-1]["rnd_model"]
-    assert all(torch.equal(first[k], last[k]) for k in first if k.startswith("target."))
     assert not all(torch.equal(first[k], last[k]) for k in first if k.startswith("predictor."))
 
 
@@ -363,21 +383,29 @@ def test_the_intrinsic_return_is_normalised_by_its_running_std_and_never_cut_the
 def test_every_loss_is_ppo_with_two_value_heads_plus_the_predictors_loss_on_its_share_of_the_minibatch(
     probed, references
 ):
+    """The loss and its gradient in float64, from the networks' parameters: PPO's clipped surrogate on the normalised
+    sum 2 A_ext + A_int, the entropy bonus (0.001), 0.5 times both value heads' losses (the extrinsic one clipped),
+    and the predictor's error against the fixed random target on its masked share of the minibatch. Advantages,
+    returns (plain GAEs over the stream), the rollout's values and log-probabilities and the target network's
+    features are constants."""
     trace, _ = probed
     assert len(trace.backward) == ITERATIONS * 2
     masks = []
     for update in trace.backward:
-        reference, mb = references[update["iteration"] - 1], update["mb_inds"]
-        flat = lambda x: torch.as_tensor(np.asarray(x)).reshape(-1)[mb].float()  # noqa: E731
+        reference, mb, where = references[update["iteration"] - 1], update["mb_inds"], f"step {update['step']}"
+        flat = lambda x: torch.as_tensor(np.asarray(x)).reshape(-1)[mb].double()  # noqa: E731
         advantages = 2.0 * flat(reference["ext_advantages"]) + flat(reference["int_advantages"])
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         ext_returns = flat(reference["ext_advantages"]) + flat(reference["ext_values"])
         int_returns = flat(reference["int_advantages"]) + flat(reference["int_values"])
         old_ext = flat(reference["ext_values"])
-        with torch.no_grad():
-            pi, ext_values, int_values = agent_heads(update["agent"], reference["obs"].flatten(0, 1)[mb])
-            predicted, target = rnd_outputs(update["rnd_model"], reference["next_frames"].flatten(0, 1)[mb])
-        ratio = (pi.log_prob(reference["actions"].reshape(-1)[mb]) - reference["log_probs"].reshape(-1)[mb]).exp()
+        agent = network("agent", update["agent"], double=True)
+        rnd_model = network("rnd_model", update["rnd_model"], double=True)
+        rnd_model.target.requires_grad_(False)  # the fixed random network: its features are constants
+        pi, ext_values, int_values = agent_heads(agent, reference["obs"].flatten(0, 1)[mb])
+        predicted, target = rnd_outputs(rnd_model, reference["next_frames"].flatten(0, 1)[mb])
+        old_log_probs = flat(reference["log_probs"])
+        ratio = (pi.log_prob(reference["actions"].reshape(-1)[mb]) - old_log_probs).exp()
         pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(0.9, 1.1)).mean()
         clipped = old_ext + (ext_values - old_ext).clamp(-0.1, 0.1)
         ext_v_loss = 0.5 * torch.max((ext_values - ext_returns) ** 2, (clipped - ext_returns) ** 2).mean()
@@ -385,6 +413,15 @@ def test_every_loss_is_ppo_with_two_value_heads_plus_the_predictors_loss_on_its_
         mask = update["mask"]
         fwd_loss = (((predicted - target) ** 2).mean(-1) * mask).sum() / mask.sum().clamp(min=1)
         loss = pg_loss - 0.001 * pi.entropy().mean() + 0.5 * (ext_v_loss + int_v_loss) + fwd_loss
+        params = {f"agent.{name}": p for name, p in agent.named_parameters()}
+        params |= {f"rnd_model.{name}": p for name, p in rnd_model.named_parameters()}
+        # zeros for the target network's parameters: the loss holds its features constant
+        expected = {name: torch.zeros_like(p) for name, p in params.items()} | gradients(loss, params)
+        for net in ("agent", "rnd_model"):
+            wanted = {name[len(net) + 1 :]: g for name, g in expected.items() if name.startswith(net + ".")}
+            assert_gradients_match(update["grads"][net], wanted, f"{where}: {net}")
+        # no gradient reaches the fixed target network: it requires none
+        assert all(grad is None for name, grad in update["grads"]["rnd_model"].items() if name.startswith("target."))
         assert update["ext_v_loss"].item() == pytest.approx(ext_v_loss.item(), rel=1e-4, abs=1e-7)
         assert update["int_v_loss"].item() == pytest.approx(int_v_loss.item(), rel=1e-4, abs=1e-7)
         assert update["fwd_loss"].item() == pytest.approx(fwd_loss.item(), rel=1e-4, abs=1e-7)
