@@ -1,8 +1,8 @@
 """pqn_atari.py: Q(lambda) returns under NEXT_STEP autoreset against a plain loop, the LayerNorm networks, smoke runs
 on MinAtar and Atari, bad input, SIGKILL + resume; the script's own loop under tests/probe.py: the rollout stored on
 Breakout (lives, autoreset steps) vs what the env returned, and on MinAtar the Q(lambda) returns from max Q of the next
-observations and every minibatch's loss (the full squared error, resets masked), the epsilon and learning-rate
-schedules."""
+observations and every minibatch's loss and its gradient (the full squared error, resets masked, the returns held
+constant; float64), the epsilon and learning-rate schedules."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 import tyro
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
+from update_reference import assert_gradients_match, gradients
 
 MINATAR_TINY = ["--env-id", "MinAtar/Breakout-v1", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "4"]
 PQN_KEYS = [
@@ -222,7 +223,9 @@ def straight_minatar_run(tmp_path_factory):
 
     cwd = tmp_path_factory.mktemp("straight")
     at_backward = ["storage", "obs", "q_network", "b_returns", "b_is_transition", "mb_inds", *LAST_ANSWER]
-    trace = probe_script("pqn_atari.py", MINATAR_RUN, cwd, watch=STEP_NAMES, at_backward=at_backward)
+    trace = probe_script(
+        "pqn_atari.py", MINATAR_RUN, cwd, watch=STEP_NAMES, at_backward=at_backward, grads=["q_network"]
+    )
     (run_dir,) = run_dirs(cwd)
     return trace, run_dir
 
@@ -382,6 +385,7 @@ def test_each_update_regresses_q_on_the_q_lambda_returns_of_the_next_observation
     for update in trace.backward:
         updates.setdefault(update["step"], []).append(update)
     q_network = pqn_atari.QNetwork((4, 10, 10), 3, 1.0)
+    q_network64 = pqn_atari.QNetwork((4, 10, 10), 3, 1.0).double()
     counts = dict(game_ends=0, masked=0)
     for rollout in found:
         first = rollout["update"]
@@ -392,15 +396,19 @@ def test_each_update_regresses_q_on_the_q_lambda_returns_of_the_next_observation
         assert first["b_is_transition"].bool().tolist() == is_transition.tolist()
         assert len(updates[rollout["step"]]) == 2  # 1 epoch of 2 minibatches
         for update in updates[rollout["step"]]:
-            q_network.load_state_dict(update["q_network"])
+            q_network64.load_state_dict(update["q_network"])
             rows = update["mb_inds"]
-            with torch.no_grad():
-                q_values = q_network(rollout["obs"].flatten(0, 1)[rows])
+            q_values = q_network64.network(rollout["obs"].flatten(0, 1)[rows].double())  # MinAtar: 0/1 cells, scale 1
             q_taken = q_values[torch.arange(len(rows)), torch.as_tensor(rollout["action"].reshape(-1)[rows.numpy()])]
-            errors = (q_taken.double() - torch.as_tensor(expected[rows.numpy()])) ** 2
+            errors = (q_taken - torch.as_tensor(expected[rows.numpy()])) ** 2  # the returns: constants
             kept = torch.as_tensor(is_transition[rows.numpy()])
-            # The mean squared error over real transitions (CleanRL's F.mse_loss, no factor 1/2).
-            assert update["loss"].item() == pytest.approx(errors[kept].mean().item(), rel=1e-5)
+            # The mean squared error over real transitions (CleanRL's F.mse_loss, no factor 1/2), and its gradient.
+            loss = errors[kept].mean()
+            where = f"update at step {rollout['step']}"
+            assert_gradients_match(
+                update["grads"]["q_network"], gradients(loss, dict(q_network64.named_parameters())), where
+            )
+            assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-5)
             counts["masked"] += int((~kept).sum())
         counts["game_ends"] += int(rollout["terminated"].sum())
     assert counts["game_ends"] >= 5 and counts["masked"] >= 5, counts
