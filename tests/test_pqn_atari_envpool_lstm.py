@@ -187,14 +187,12 @@ def test_sigkill_then_resume_on_minatar_reproduces_the_uninterrupted_run(minatar
 
 def starts_seen(found: list[dict]) -> np.ndarray:
     """[iterations * num_steps + 1, num_envs]: which observations start a training episode, from the stream: the run's
-    first; the one after an autoreset step (a new game's, or after a lost life a new life's first); and the one after
-    a lost life where the env did not autoreset. The autoreset step acts on the ended episode's final observation."""
+    first, and the one after each autoreset step (a new game's, or after a lost life, which the episodic-life envs
+    report as a termination, a new life's first). The autoreset step acts on the ended episode's final observation."""
     ended = np.concatenate([r["terminated"] | r["truncated"] for r in found])
-    life_loss = np.concatenate([r["life_loss"] for r in found])
     starts = np.zeros((len(ended) + 1, ended.shape[1]), dtype=bool)
     starts[0] = True
     starts[2:] |= ended[:-1]
-    starts[1:] |= life_loss & ~ended
     return starts
 
 
