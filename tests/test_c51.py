@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
-from update_reference import assert_gradients_match, gradients, leaves
+from update_reference import assert_gradients_match, assert_no_gradient, gradients, leaves
 
 SMALL = [
     "--num-envs",
@@ -122,12 +122,6 @@ def mlp_logits(params: dict, obs: torch.Tensor) -> torch.Tensor:
     h = F.relu(F.linear(obs, params["fc1.weight"], params["fc1.bias"]))
     h = F.relu(F.linear(h, params["fc2.weight"], params["fc2.bias"]))
     return F.linear(h, params["fc3.weight"], params["fc3.bias"]).view(-1, 3, 21)
-
-
-def assert_no_gradient(grads: dict, where: str) -> None:
-    """No gradient reached these parameters (None, or zeros)."""
-    for name, grad in grads.items():
-        assert grad is None or not grad.any(), f"{where}: {name} received a gradient"
 
 
 def test_each_update_samples_recent_transitions_and_minimises_the_cross_entropy_to_the_projected_target(loop):

@@ -27,7 +27,7 @@ from conftest import (
     script_env,
     sigterm_while_training,
 )
-from update_reference import assert_gradients_match, gradients, leaves
+from update_reference import assert_gradients_match, assert_no_gradient, gradients, leaves
 
 SMALL = [
     "--num-envs",
@@ -154,12 +154,6 @@ def mlp_q(params: dict, obs: torch.Tensor) -> torch.Tensor:
     h = F.relu(F.linear(obs, params["fc1.weight"], params["fc1.bias"]))
     h = F.relu(F.linear(h, params["fc2.weight"], params["fc2.bias"]))
     return F.linear(h, params["fc3.weight"], params["fc3.bias"])
-
-
-def assert_no_gradient(grads: dict, where: str) -> None:
-    """No gradient reached these parameters (None, or zeros)."""
-    for name, grad in grads.items():
-        assert grad is None or not grad.any(), f"{where}: {name} received a gradient"
 
 
 def test_each_update_samples_recent_transitions_and_regresses_on_the_target_networks_max(loop):

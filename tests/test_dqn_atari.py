@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_bad_input, assert_finite_keys, kill_at_first_checkpoint, read_scalars, run_dirs, run_script
-from update_reference import assert_gradients_match, gradients, leaves
+from update_reference import assert_gradients_match, assert_no_gradient, gradients, leaves
 
 from cleanrl_utils.envs.atari import make_envs
 
@@ -257,12 +257,6 @@ def minatar_q(params: dict, obs: torch.Tensor) -> torch.Tensor:
     h = F.relu(F.conv2d(obs.to(params["network.0.weight"].dtype), params["network.0.weight"], params["network.0.bias"]))
     h = F.relu(F.linear(h.flatten(1), params["network.3.weight"], params["network.3.bias"]))
     return F.linear(h, params["network.5.weight"], params["network.5.bias"])
-
-
-def assert_no_gradient(grads: dict, where: str) -> None:
-    """No gradient reached these parameters (None, or zeros)."""
-    for name, grad in grads.items():
-        assert grad is None or not grad.any(), f"{where}: {name} received a gradient"
 
 
 def test_each_update_samples_real_transitions_and_regresses_on_the_target_networks_max(minatar_loop):

@@ -26,7 +26,14 @@ from conftest import (
     run_dirs,
     run_script,
 )
-from update_reference import assert_gradients_match, assert_unchanged, gradients, leaves
+from update_reference import (
+    assert_gradients_match,
+    assert_no_gradient,
+    assert_same_gradient,
+    assert_unchanged,
+    gradients,
+    leaves,
+)
 
 sys.path.insert(0, str(ROOT / "benchmark"))
 
@@ -113,20 +120,6 @@ def entries_by_step(trace) -> list[tuple[list[dict], dict]]:
     for entry in trace.backward:
         steps.setdefault(entry["t"], []).append(entry)
     return [(entries[:-1], entries[-1]) for _, entries in sorted(steps.items())]
-
-
-def assert_no_gradient(grads: dict, where: str) -> None:
-    """No gradient reached these parameters: their recorded .grad is None (or zero)."""
-    reached = [name for name, grad in grads.items() if grad is not None and grad.any()]
-    assert not reached, f"{where}: {', '.join(reached)} got a gradient"
-
-
-def assert_same_gradient(got, before, where: str) -> None:
-    """A recorded .grad (a tensor, or a module's dict of them) is what an earlier backward left: nothing was added."""
-    got, before = (value if isinstance(value, dict) else {"": value} for value in (got, before))
-    for name, grad in got.items():
-        same = grad is None and before[name] is None or grad is not None and torch.equal(grad, before[name])
-        assert same, f"{where}: {name} got a gradient"
 
 
 def test_the_loop_stores_each_step_with_the_true_next_observation_and_only_terminations(probed):

@@ -24,7 +24,14 @@ from conftest import (
     run_script,
     sigterm_while_training,
 )
-from update_reference import assert_gradients_match, assert_unchanged, gradients, leaves
+from update_reference import (
+    assert_gradients_match,
+    assert_no_gradient,
+    assert_same_gradient,
+    assert_unchanged,
+    gradients,
+    leaves,
+)
 
 SCRIPT = "sac_continuous_action.py"
 SMALL = ["--batch-size", "32", "--buffer-size", "1000"]
@@ -113,20 +120,6 @@ def critic_entries(trace) -> list[dict]:
 
 def policy_entries(trace) -> list[dict]:
     return [entry for entry in trace.backward if entry["where"] == "update_actor"]
-
-
-def assert_no_gradient(grads: dict, where: str) -> None:
-    """No gradient reached these parameters: their recorded .grad is None (or zero)."""
-    reached = [name for name, grad in grads.items() if grad is not None and grad.any()]
-    assert not reached, f"{where}: {', '.join(reached)} got a gradient"
-
-
-def assert_same_gradient(got, before, where: str) -> None:
-    """A recorded .grad (a tensor, or a module's dict of them) is what an earlier backward left: nothing was added."""
-    got, before = (value if isinstance(value, dict) else {"": value} for value in (got, before))
-    for name, grad in got.items():
-        same = grad is None and before[name] is None or grad is not None and torch.equal(grad, before[name])
-        assert same, f"{where}: {name} got a gradient"
 
 
 def test_each_critic_step_regresses_on_the_soft_target_of_the_next_action_from_real_transitions(probed):

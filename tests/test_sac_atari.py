@@ -22,7 +22,7 @@ from conftest import (
     run_dirs,
     run_script,
 )
-from update_reference import assert_gradients_match, assert_unchanged, gradients
+from update_reference import assert_gradients_match, assert_same_gradient, assert_unchanged, gradients
 
 SCRIPT = "sac_atari.py"
 
@@ -394,18 +394,6 @@ def updates_of(trace) -> list[tuple[dict, dict, dict]]:
     return [tuple(calls[i : i + 3]) for i in range(0, len(calls), 3)]
 
 
-def assert_same_gradients(before, after, where: str) -> None:
-    """What a backward() left in a module's (dict) or a tensor's .grad is what the one before left: it added nothing."""
-    if isinstance(before, dict):
-        assert before.keys() == after.keys(), where
-        for name in before:
-            assert_same_gradients(before[name], after[name], f"{where}: {name}")
-    elif before is None or after is None:
-        assert before is None and after is None, f"{where}: a gradient appeared"
-    else:
-        assert torch.equal(before, after), f"{where}: the gradient changed"
-
-
 def no_gradients(call: dict, name: str):
     """None in place of each of `name`'s recorded gradients."""
     recorded = call["grads"][name]
@@ -484,11 +472,11 @@ def test_each_update_samples_real_transitions_and_its_three_losses_match_plain_r
                 assert all(grad is None for grad in call["grads"][critic].values()), f"{where}: {critic} has a gradient"
         for name in ("actor", "log_alpha"):  # before the first update's actor and alpha steps: none yet
             before = previous_alpha_call["grads"][name] if previous_alpha_call else no_gradients(critic_call, name)
-            assert_same_gradients(before, critic_call["grads"][name], f"{where}, critic step: {name}")
+            assert_same_gradient(critic_call["grads"][name], before, f"{where}, critic step: {name}")
         for name in ("qf1", "qf2", "log_alpha"):
-            assert_same_gradients(critic_call["grads"][name], actor_call["grads"][name], f"{where}, actor step: {name}")
+            assert_same_gradient(actor_call["grads"][name], critic_call["grads"][name], f"{where}, actor step: {name}")
         for name in ("qf1", "qf2", "actor"):
-            assert_same_gradients(actor_call["grads"][name], alpha_call["grads"][name], f"{where}, alpha step: {name}")
+            assert_same_gradient(alpha_call["grads"][name], actor_call["grads"][name], f"{where}, alpha step: {name}")
         for critic in ("qf1", "qf2"):
             assert_unchanged(actor_call[critic], alpha_call[critic], f"{where}: the actor step")
         previous_alpha_call = alpha_call

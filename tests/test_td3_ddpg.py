@@ -29,7 +29,14 @@ from conftest import (
     run_script,
     sigterm_while_training,
 )
-from update_reference import assert_gradients_match, assert_unchanged, gradients, leaves
+from update_reference import (
+    assert_gradients_match,
+    assert_no_gradient,
+    assert_same_gradient,
+    assert_unchanged,
+    gradients,
+    leaves,
+)
 
 SCRIPTS = {"td3": "td3_continuous_action.py", "ddpg": "ddpg_continuous_action.py"}
 MODULES = {"td3": td3, "ddpg": ddpg}
@@ -145,20 +152,6 @@ def actor_entries(trace, algo: str) -> list[dict]:
     return [entry for entry in trace.backward if not any(entry is critic for critic in critics)]
 
 
-def assert_no_gradient(grads: dict, networks: tuple[str, ...], where: str) -> None:
-    """No gradient reached these networks' parameters: their recorded .grad is None (or zero)."""
-    for network in networks:
-        reached = [name for name, grad in grads[network].items() if grad is not None and grad.any()]
-        assert not reached, f"{where}: {network}'s {', '.join(reached)} got a gradient"
-
-
-def assert_same_gradient(got: dict, before: dict, where: str) -> None:
-    """A module's recorded .grad is what an earlier backward left: nothing was added."""
-    for name, grad in got.items():
-        same = grad is None and before[name] is None or grad is not None and torch.equal(grad, before[name])
-        assert same, f"{where}: {name} got a gradient"
-
-
 @pytest.mark.parametrize("algo", ["td3", "ddpg"])
 def test_each_critic_update_regresses_on_the_target_networks_bootstrap_from_real_transitions(probed, algo):
     trace, _ = probed(algo)
@@ -193,7 +186,8 @@ def test_each_critic_update_regresses_on_the_target_networks_bootstrap_from_real
         )
         assert_gradients_match(entry["grads"]["critic"], gradients(expected, critic), where)
         # No gradient through the target: none reaches the target networks, none is added to the actor's.
-        assert_no_gradient(entry["grads"], ("target_actor", "target_critic"), where)
+        for network in ("target_actor", "target_critic"):
+            assert_no_gradient(entry["grads"][network], f"{where}, {network}")
         assert_same_gradient(entry["grads"]["actor"], actor_grads, where)
         assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), where
         if entry["update"] in actor_steps:
@@ -223,7 +217,8 @@ def test_the_actor_climbs_the_first_critic_every_policy_frequency_updates_on_the
         # The critic is held still: no gradient added to its own (as its step left it), none to the targets', and its
         # weights are those the next critic step starts from.
         assert_same_gradient(entry["grads"]["critic"], by_update[update]["grads"]["critic"], where)
-        assert_no_gradient(entry["grads"], ("target_actor", "target_critic"), where)
+        for network in ("target_actor", "target_critic"):
+            assert_no_gradient(entry["grads"][network], f"{where}, {network}")
         if update + 1 in by_update:
             assert_unchanged(entry["critic"], by_update[update + 1]["critic"], where)
         assert entry["loss"].item() == pytest.approx(expected.item(), rel=1e-5), where

@@ -87,3 +87,23 @@ def assert_unchanged(before: dict, after: dict, where: str = "", names=None) -> 
             continue
         if isinstance(value, torch.Tensor):
             assert torch.equal(value, after[name]), f"{where}: {name} moved"
+
+
+def assert_no_gradient(grads: dict, where: str = "") -> None:
+    """No gradient reached these parameters (a module's recorded .grad by name): each is None, or zeros. For target
+    networks, frozen critics and teachers, which no loss may train."""
+    reached = [name for name, grad in grads.items() if grad is not None and grad.any()]
+    assert not reached, f"{where}: {', '.join(reached)} got a gradient"
+
+
+def assert_same_gradient(got, before, where: str = "") -> None:
+    """A recorded .grad (a tensor, or a module's dict of them) is what an earlier backward() left: this backward added
+    nothing to it (None stays None)."""
+    if isinstance(got, dict):
+        assert got.keys() == before.keys(), where
+        for name in got:
+            assert_same_gradient(got[name], before[name], f"{where}: {name}")
+    elif got is None or before is None:
+        assert got is None and before is None, f"{where}: a gradient appeared"
+    else:
+        assert torch.equal(got, before), f"{where}: the gradient changed"

@@ -16,8 +16,9 @@ pytest (`-x`, --workers processes; the copy's cleanrl_utils first on PYTHONPATH)
 The report (--report, default tests/mutants/RESULTS.md) keeps one row per mutant: its last outcome and the commit it
 ran at ("+" when files it depends on had uncommitted changes). A run replaces the rows of the mutants it ran and keeps
 the others; a row is out of date when a file it depends on (the patched files, its test files, tests/conftest.py,
-tests/probe*.py, tests/*_reference.py, cleanrl_utils/, pyproject.toml) changed since its commit. The exit code is 1 if any mutant of this
-run survived or broke. Not part of CI (minutes per mutant); run it after changing a script or its tests.
+tests/probe*.py, tests/*_reference.py, cleanrl_utils/, pyproject.toml) changed since its commit. The exit code is 1 if
+any mutant of this run survived or broke. Not part of CI (minutes per mutant); run it after changing a script or its
+tests.
 """
 
 from __future__ import annotations
