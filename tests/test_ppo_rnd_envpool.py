@@ -135,19 +135,22 @@ def test_bad_input_fails_in_one_line(workdir, flags, fragments):
 
 
 # The loop's own wiring: the script runs unchanged under tests/probe.py on Breakout-v5 (lives to lose and points to
-# score within a few hundred steps), 2 envs x 64 steps, 3 iterations of 1 epoch x 2 minibatches. It copies what the env
-# returned at every step and, at every backward(), the networks (the RND model with its observation statistics) and
-# their gradients, the rollout storage, the advantages and the minibatch with the predictor's mask; the tests rebuild
-# the intrinsic rewards, their normalisation, both GAEs and every loss and gradient from those copies, relative to what
-# the loop saw from the env (its terminations, life losses and autoreset steps). The same run is the smoke test
-# (TensorBoard keys, the saved model and its evaluation).
+# score within a few hundred steps), 2 envs x 64 steps, 3 iterations of 1 epoch x 2 minibatches, a learning rate of
+# 2e-3 (1e-4 by default) so that the policy leaves uniform within the run (at uniform the entropy bonus has no
+# gradient: see the gradient test). It copies what the env returned at every step and, at every backward(), the
+# networks (the RND model with its observation statistics) and their gradients, the rollout storage, the advantages
+# and the minibatch with the predictor's mask; the tests rebuild the intrinsic rewards, their normalisation, both GAEs
+# and every loss and gradient from those copies, relative to what the loop saw from the env (its terminations, life
+# losses and autoreset steps). The same run is the smoke test (TensorBoard keys, the saved model and its evaluation).
 PROBE_FLAGS = ["--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2"]
 PROBE_FLAGS += ["--update-epochs", "1", "--num-iterations-obs-norm-init", "1", "--total-timesteps", "384"]
+PROBE_FLAGS += ["--learning-rate", "2e-3"]
 PROBE_FLAGS += ["--save-model", "--eval-episodes", "1"]
 STREAM_NAMES = ["action", "reward", "terminated", "truncated", "infos", "next_obs_np"]
 UPDATE_NAMES = ["agent", "rnd_model", "storage", "next_obs", "iteration", "mb_inds", "mask", "int_rewards"]
 UPDATE_NAMES += ["ext_advantages", "int_advantages", "b_advantages", "ext_v_loss", "int_v_loss", "fwd_loss"]
 NUM_ENVS, NUM_STEPS, ITERATIONS = 2, 64, 3
+NETS = ("agent", "rnd_model")  # the networks whose gradients the probe records
 GAMMA, INT_GAMMA, GAE_LAMBDA = 0.999, 0.99, 0.95
 
 
@@ -380,19 +383,17 @@ def test_the_intrinsic_return_is_normalised_by_its_running_std_and_never_cut_the
     assert sum(int(r["ended"][:-1].sum()) for r in references) >= 1
 
 
-def test_every_loss_is_ppo_with_two_value_heads_plus_the_predictors_loss_on_its_share_of_the_minibatch(
-    probed, references
-):
-    """The loss and its gradient in float64, from the networks' parameters: PPO's clipped surrogate on the normalised
-    sum 2 A_ext + A_int, the entropy bonus (0.001), 0.5 times both value heads' losses (the extrinsic one clipped),
-    and the predictor's error against the fixed random target on its masked share of the minibatch. Advantages,
-    returns (plain GAEs over the stream), the rollout's values and log-probabilities and the target network's
-    features are constants."""
+@pytest.fixture(scope="module")
+def recomputed(probed, references) -> list[dict]:
+    """Per backward() of the run, its loss rebuilt in float64 from the networks' parameters: PPO's clipped surrogate on
+    the normalised sum 2 A_ext + A_int, the entropy bonus (0.001), 0.5 times both value heads' losses (the extrinsic
+    one clipped), and the predictor's error against the fixed random target on its masked share of the minibatch.
+    Advantages, returns (plain GAEs over the stream), the rollout's values and log-probabilities and the target
+    network's features are constants. With its parts and its gradient, by network and parameter name."""
     trace, _ = probed
-    assert len(trace.backward) == ITERATIONS * 2
-    masks = []
+    out = []
     for update in trace.backward:
-        reference, mb, where = references[update["iteration"] - 1], update["mb_inds"], f"step {update['step']}"
+        reference, mb = references[update["iteration"] - 1], update["mb_inds"]
         flat = lambda x: torch.as_tensor(np.asarray(x)).reshape(-1)[mb].double()  # noqa: E731
         advantages = 2.0 * flat(reference["ext_advantages"]) + flat(reference["int_advantages"])
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -404,8 +405,7 @@ def test_every_loss_is_ppo_with_two_value_heads_plus_the_predictors_loss_on_its_
         rnd_model.target.requires_grad_(False)  # the fixed random network: its features are constants
         pi, ext_values, int_values = agent_heads(agent, reference["obs"].flatten(0, 1)[mb])
         predicted, target = rnd_outputs(rnd_model, reference["next_frames"].flatten(0, 1)[mb])
-        old_log_probs = flat(reference["log_probs"])
-        ratio = (pi.log_prob(reference["actions"].reshape(-1)[mb]) - old_log_probs).exp()
+        ratio = (pi.log_prob(reference["actions"].reshape(-1)[mb]) - flat(reference["log_probs"])).exp()
         pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(0.9, 1.1)).mean()
         clipped = old_ext + (ext_values - old_ext).clamp(-0.1, 0.1)
         ext_v_loss = 0.5 * torch.max((ext_values - ext_returns) ** 2, (clipped - ext_returns) ** 2).mean()
@@ -416,20 +416,38 @@ def test_every_loss_is_ppo_with_two_value_heads_plus_the_predictors_loss_on_its_
         params = {f"agent.{name}": p for name, p in agent.named_parameters()}
         params |= {f"rnd_model.{name}": p for name, p in rnd_model.named_parameters()}
         # zeros for the target network's parameters: the loss holds its features constant
-        expected = {name: torch.zeros_like(p) for name, p in params.items()} | gradients(loss, params)
-        for net in ("agent", "rnd_model"):
-            wanted = {name[len(net) + 1 :]: g for name, g in expected.items() if name.startswith(net + ".")}
-            assert_gradients_match(update["grads"][net], wanted, f"{where}: {net}")
+        grads = {name: torch.zeros_like(p) for name, p in params.items()} | gradients(loss, params)
+        grads = {net: {n.split(".", 1)[1]: g for n, g in grads.items() if n.startswith(f"{net}.")} for net in NETS}
+        parts = dict(loss=loss, ext_v_loss=ext_v_loss, int_v_loss=int_v_loss, fwd_loss=fwd_loss)
+        out.append(dict(grads=grads) | {name: value.item() for name, value in parts.items()})
+    return out
+
+
+def test_every_step_is_the_gradient_of_its_loss_and_none_reaches_the_fixed_target_network(probed, recomputed):
+    """Before the loss values' test, so that a term too small to show in a value is caught here. The entropy bonus's
+    gradient vanishes at the uniform policy the RND init starts from (its sign flipped moves the actor's gradient by
+    2e-7 to 7e-6 of its norm at the default learning rate, under float32's noise); with --learning-rate 2e-3 it moves
+    it by 1e-3 from the third step on."""
+    trace, _ = probed
+    for update, expected in zip(trace.backward, recomputed):
+        for net in NETS:
+            assert_gradients_match(update["grads"][net], expected["grads"][net], f"step {update['step']}: {net}")
         # no gradient reaches the fixed target network: it requires none
         assert all(grad is None for name, grad in update["grads"]["rnd_model"].items() if name.startswith("target."))
-        assert update["ext_v_loss"].item() == pytest.approx(ext_v_loss.item(), rel=1e-4, abs=1e-7)
-        assert update["int_v_loss"].item() == pytest.approx(int_v_loss.item(), rel=1e-4, abs=1e-7)
-        assert update["fwd_loss"].item() == pytest.approx(fwd_loss.item(), rel=1e-4, abs=1e-7)
-        assert update["loss"].item() == pytest.approx(loss.item(), rel=1e-4, abs=1e-6), update["step"]
-        assert len(mask) == len(mb)
-        masks.append(mask)
+
+
+def test_every_loss_is_ppo_with_two_value_heads_plus_the_predictors_loss_on_its_share_of_the_minibatch(
+    probed, recomputed
+):
+    trace, _ = probed
+    assert len(trace.backward) == ITERATIONS * 2
+    for update, expected in zip(trace.backward, recomputed):
+        for name in ("ext_v_loss", "int_v_loss", "fwd_loss"):
+            assert update[name].item() == pytest.approx(expected[name], rel=1e-4, abs=1e-7), name
+        assert update["loss"].item() == pytest.approx(expected["loss"], rel=1e-4, abs=1e-6), update["step"]
+        assert len(update["mask"]) == len(update["mb_inds"])
     # the predictor trains on a random --update-proportion (0.25) of each minibatch
-    assert 0.17 < torch.cat(masks).mean().item() < 0.33
+    assert 0.17 < torch.cat([update["mask"] for update in trace.backward]).mean().item() < 0.33
 
 
 def test_the_probed_run_writes_finite_scalars_and_evaluates_saved_model(probed):
