@@ -343,10 +343,13 @@ def phase_start_of(trace, update: dict) -> dict:
 
 def checks_gradient(updates: list[dict], k: int) -> bool:
     """Whether backward k's gradient is checked against a float64 reference (a float64 pass of two IMPALA CNNs costs
-    seconds of CPU, so not at every step): the last policy-phase step before each auxiliary phase, and each auxiliary
-    phase's second step (its first sees the policy as it was when the phase began: a KL of zero, and no gradient)."""
+    seconds of CPU, so not at every step; one of each kind): the last policy-phase step before the first auxiliary
+    phase, and that phase's second step (its first sees the policy as it was when the phase began: a KL of zero, and
+    no gradient)."""
+    if updates[k]["step"] != 128:  # the first phase (after iteration 2)
+        return False
     if updates[k]["where"] == "<module>":
-        return k + 1 < len(updates) and updates[k + 1]["where"] == "auxiliary_phase"
+        return updates[k + 1]["where"] == "auxiliary_phase"
     return updates[k - 1]["where"] == "auxiliary_phase"
 
 
@@ -376,14 +379,14 @@ def recomputed(probed, references) -> list[dict]:
 
 # The auxiliary phase's minibatches are 64 frames: its first convolutions' gradients sum ~260k float32 terms of both
 # signs (64 frames x 64 x 64 positions), and the script's float32 sums are off by up to 4.2e-5 of their norm there
-# (measured at the second phase's second step; a float32 reference in another layout is off by as much; elsewhere
-# 8e-6). The policy phase (32 frames) keeps the default.
+# (measured at the second phase's second step, 7.9e-6 at the first's; a float32 reference in another layout is off by
+# as much). The policy phase (32 frames: 3.5e-6) keeps the default.
 AUX_RTOL = 1e-4
 
 
 def test_both_phases_step_on_the_gradient_of_their_loss(probed, recomputed):
     """Both networks' gradients after the backward()s that checks_gradient picks (the last policy-phase step before
-    each auxiliary phase, each auxiliary phase's second step) are those of the float64 reference loss. Before the loss
+    the first auxiliary phase, that phase's second step) are those of the float64 reference loss. Before the loss
     values' tests, so that a term too small to show in a value is caught here."""
     trace, _ = probed
     checked = []
@@ -395,7 +398,7 @@ def test_both_phases_step_on_the_gradient_of_their_loss(probed, recomputed):
         for net in GRADS:
             assert_gradients_match(update["grads"][net], expected["grads"][net], f"{where}: {net}", rtol)
         checked.append((update["where"], update["step"]))
-    assert checked == [("<module>", 128), ("auxiliary_phase", 128), ("<module>", 256), ("auxiliary_phase", 256)]
+    assert checked == [("<module>", 128), ("auxiliary_phase", 128)]
 
 
 def test_every_policy_phase_loss_is_the_ppo_loss_of_its_minibatch(probed, recomputed):
