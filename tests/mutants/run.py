@@ -15,10 +15,10 @@ pytest (`-x`, --workers processes; the copy's cleanrl_utils first on PYTHONPATH)
 
 The report (--report, default tests/mutants/RESULTS.md) keeps one row per mutant: its last outcome and the commit it
 ran at ("+" when files it depends on had uncommitted changes). A run replaces the rows of the mutants it ran and keeps
-the others; a row is out of date when a file it depends on (the patched files, its test files, tests/conftest.py,
-tests/probe*.py, tests/*_reference.py, cleanrl_utils/, pyproject.toml) changed since its commit. The exit code is 1 if
-any mutant of this run survived or broke. Not part of CI (minutes per mutant); run it after changing a script or its
-tests.
+the others; a row is out of date when a file it depends on (the patched files, its test files and the test files they
+import from, tests/conftest.py, tests/probe*.py, tests/*_reference.py, cleanrl_utils/, pyproject.toml) changed since
+its commit. The exit code is 1 if any mutant of this run survived or broke. Not part of CI (minutes per mutant); run
+it after changing a script or its tests.
 """
 
 from __future__ import annotations
@@ -57,10 +57,27 @@ def patched_files(path: Path) -> list[str]:
     return [line[len("+++ b/") :].strip() for line in path.read_text().splitlines() if line.startswith("+++ b/")]
 
 
+def imported_test_files(test_file: str) -> set[str]:
+    """The other test files a test file imports from (tests/test_ppo_atari.py's references, say), transitively."""
+    found, todo = set(), [test_file]
+    while todo:
+        path = ROOT / todo.pop()
+        text = path.read_text() if path.is_file() else ""
+        for module in re.findall(r"^(?:from|import) (test_\w+)", text, re.MULTILINE):
+            name = f"tests/{module}.py"
+            if name not in found:
+                found.add(name)
+                todo.append(name)
+    return found
+
+
 def depends_on(path: Path) -> list[str]:
-    """The files whose change can change this mutant's outcome (git pathspecs)."""
+    """The files whose change can change this mutant's outcome (git pathspecs): the patched files, its test files and
+    the test files they import from, and the files every test uses (SHARED)."""
     _, tests = read_patch(path)
-    return sorted({*patched_files(path), *(t.split("::")[0] for t in tests), *SHARED})
+    test_files = {t.split("::")[0] for t in tests}
+    imported = set().union(*(imported_test_files(t) for t in test_files))
+    return sorted({*patched_files(path), *test_files, *imported, *SHARED})
 
 
 def git(*args: str) -> subprocess.CompletedProcess:
