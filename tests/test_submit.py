@@ -217,10 +217,12 @@ def test_the_queue_template_deploys_and_takes_the_grid(aws):
 
 def test_the_image_installs_what_ci_installs():
     """The Dockerfile (not built here: this machine reaches no container registry) installs .ci/run's system packages
-    and the lock's packages with every extra, on the Python the tests run on."""
+    and the lock's packages with every extra, on the Python the tests run on, compiled to bytecode at build time only
+    (UV_COMPILE_BYTECODE left in the image's environment would make every `uv run` recompile everything)."""
     dockerfile = (ROOT / "Dockerfile").read_text()
     (ci_packages,) = re.findall(r'system_packages="([^"]+)"', (ROOT / ".ci" / "run").read_text())
     (apt_line,) = [line for line in dockerfile.splitlines() if line.strip().startswith("libegl1")]
     assert apt_line.replace("\\", " ").split() == ci_packages.split()
-    assert "RUN uv sync --frozen --all-extras --no-dev\n" in dockerfile
+    assert "RUN uv sync --frozen --all-extras --no-dev --compile-bytecode\n" in dockerfile
+    assert "UV_COMPILE_BYTECODE" not in dockerfile
     assert f"FROM python:{sys.version_info.major}.{sys.version_info.minor}-" in dockerfile
