@@ -11,11 +11,17 @@ Action space: a one-dimensional Box. Simulators (`--simulator auto`: Isaac Gym w
 - MuJoCo Warp (installed with the project; CPU too, slowly): Ant, Humanoid, Hopper, HalfCheetah, Walker2d with
   gymnasium's v5 observations, rewards, terminations, resets and time limit (cleanrl_utils/envs/mujoco_warp_env.py).
   Checkpoints hold the simulator state, so a resumed run continues the same episodes (exactly, on the CPU).
+- envpool (the envpool extra): the same names onto its C++ v5 tasks (Ant -> Ant-v5 ...), stepped by its thread pool
+  on the CPU (cleanrl_utils/envs/envpool_mujoco_env.py): the fastest path on a CPU, with the GPU defaults unchanged.
+- gymnasium: the same names onto gymnasium's v5 ids (Ant -> Ant-v5 ...) in a SyncVectorEnv
+  (cleanrl_utils/envs/gymnasium_vec_env.py); its state is saved, so a resumed run continues exactly.
 - Isaac Gym through isaacgymenvs (Ant, Humanoid, Anymal, ShadowHand ...; see the README;
-  cleanrl_utils/envs/isaacgym_env.py). Its state cannot be saved: a resumed Isaac Gym run continues with freshly
-  reset environments, and says so.
+  cleanrl_utils/envs/isaacgym_env.py).
+Isaac Gym's and envpool's states cannot be saved: a resumed run continues with freshly reset environments, says so,
+and resumes everything else (networks, optimiser, statistics, step counters).
 
     uv run python cleanrl/ppo_isaacgym.py --env-id Ant
+    uv run python cleanrl/ppo_isaacgym.py --env-id Ant --simulator envpool   # on a CPU
 
 Expect Isaac Gym Ant ~3,950 after 240 s on a GPU (CleanRL's figure); CPU runs: benchmark/results/ppo_isaacgym_cpu.md.
 """
@@ -43,6 +49,8 @@ import tyro
 from torch.distributions import Normal
 
 from cleanrl_utils.checkpoint import load_model, restore_rng_state, rng_state
+from cleanrl_utils.envs.envpool_mujoco_env import ENVPOOL_TASKS, EnvPoolMuJoCoVecEnv
+from cleanrl_utils.envs.gymnasium_vec_env import GymnasiumVecEnv
 from cleanrl_utils.envs.isaacgym_env import (
     ISAACGYM_INSTALL,
     ISAACGYM_TASKS,
@@ -82,13 +90,18 @@ class Args:
     resume: Optional[str] = None
     """path of a checkpoint to continue from (run the original command with this flag added)"""
     env_id: str = "Ant"
-    """the task: Isaac Gym's task names (MuJoCo Warp: Ant, Humanoid, Hopper, HalfCheetah, Walker2d)"""
+    """the task: Isaac Gym's task names (MuJoCo Warp: Ant, Humanoid, Hopper, HalfCheetah, Walker2d; envpool and
+    gymnasium: those and HumanoidStandup, InvertedDoublePendulum, InvertedPendulum, Pusher, Reacher, Swimmer, each
+    name onto its v5 id: Ant -> Ant-v5)"""
     total_timesteps: int = 30000000
     """total timesteps of the experiment"""
 
     # Algorithm specific arguments
-    simulator: Literal["auto", "isaacgym", "mujoco-warp"] = "auto"
-    """the simulator: auto takes Isaac Gym when it is importable, MuJoCo Warp otherwise"""
+    simulator: Literal["auto", "isaacgym", "mujoco-warp", "envpool", "gymnasium"] = "auto"
+    """the simulator: auto takes Isaac Gym when it is importable, MuJoCo Warp otherwise; envpool (C++ MuJoCo, the
+    fastest on a CPU) and gymnasium (SyncVectorEnv) run the MuJoCo tasks on the CPU"""
+    envpool_threads: int = 0
+    """envpool: its worker threads (0: envpool's choice, one per core)"""
     nconmax: Optional[int] = None
     """MuJoCo Warp: contact slots per world, pooled across worlds (None: the task's default in WARP_TASKS)"""
     njmax: Optional[int] = None
@@ -159,7 +172,13 @@ def resolve_simulator(simulator: str) -> str:
 
 
 def known_tasks(simulator: str) -> List[str]:
+    if simulator in ("envpool", "gymnasium"):  # gymnasium's v5 ids by their names (ENVPOOL_TASKS maps them)
+        return list(ENVPOOL_TASKS)
     return list(WARP_TASKS) if simulator == "mujoco-warp" else isaacgym_tasks()
+
+
+SIMULATOR_NAMES = {"isaacgym": "Isaac Gym (isaacgymenvs)", "mujoco-warp": "MuJoCo Warp"}
+SIMULATOR_NAMES.update(envpool="envpool (C++ MuJoCo)", gymnasium="gymnasium (SyncVectorEnv)")
 
 
 def make_envs(
@@ -170,9 +189,14 @@ def make_envs(
     seed: int,
     nconmax: Optional[int] = None,
     njmax: Optional[int] = None,
+    envpool_threads: int = 0,
 ):
     if simulator == "isaacgym":
         return IsaacGymVecEnv(env_id, num_envs, device, seed)
+    if simulator == "envpool":
+        return EnvPoolMuJoCoVecEnv(env_id, num_envs, device, seed, num_threads=envpool_threads)
+    if simulator == "gymnasium":
+        return GymnasiumVecEnv(ENVPOOL_TASKS[env_id], num_envs, device, seed)
     return MuJoCoWarpVecEnv(env_id, num_envs, device, seed, nconmax=nconmax, njmax=njmax)
 
 
@@ -197,10 +221,10 @@ def validate(args: Args) -> str:
         eval_episodes=args.eval_episodes,
         torch_threads=args.torch_threads,
     )
-    if args.checkpoint_every < 0 or args.time_limit_seconds < 0:
+    if args.checkpoint_every < 0 or args.time_limit_seconds < 0 or args.envpool_threads < 0:
         fail(
-            "--checkpoint-every and --time-limit-seconds must be 0 (off) or positive, "
-            f"got {args.checkpoint_every} and {args.time_limit_seconds}"
+            "--checkpoint-every, --time-limit-seconds and --envpool-threads must be 0 (off, or envpool's choice) or "
+            f"positive, got {args.checkpoint_every}, {args.time_limit_seconds} and {args.envpool_threads}"
         )
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         fail(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma} and {args.gae_lambda}")
@@ -221,10 +245,12 @@ def validate(args: Args) -> str:
         fail(ISAACGYM_INSTALL)
     if simulator == "mujoco-warp" and importlib.util.find_spec("mujoco_warp") is None:
         fail("--simulator mujoco-warp needs the mujoco-warp package (Python >= 3.11): uv sync")
+    if simulator == "envpool" and importlib.util.find_spec("envpool") is None:
+        fail("--simulator envpool needs the envpool package (Python >= 3.11): uv sync --extra envpool")
     buffers = {name: getattr(args, name) for name in ("nconmax", "njmax") if getattr(args, name) is not None}
     check_positive(**buffers)
-    if buffers and simulator == "isaacgym":
-        fail("--nconmax and --njmax size MuJoCo Warp's buffers; Isaac Gym sizes its own: drop them")
+    if buffers and simulator != "mujoco-warp":
+        fail(f"--nconmax and --njmax size MuJoCo Warp's buffers; {simulator} sizes its own: drop them")
     tasks = known_tasks(simulator)
     if args.env_id not in tasks:
         hint = (
@@ -232,6 +258,9 @@ def validate(args: Args) -> str:
             if simulator == "mujoco-warp" and args.env_id in ISAACGYM_TASKS
             else ""
         )
+        name = args.env_id.split("-v")[0]  # not str.removesuffix: Isaac Gym runs on Python 3.8
+        if simulator in ("envpool", "gymnasium") and name in tasks:
+            hint = f" (this script takes task names: --env-id {name})"
         fail(f"unknown task {args.env_id!r} for {simulator}{hint}; known tasks: {', '.join(tasks)}")
     return simulator
 
@@ -440,7 +469,14 @@ def evaluate(
     model = load_model(model_path, __file__)
     trained = model["args"]  # the simulator's buffers as in training (.get: models saved before these flags)
     envs = make_envs(
-        model["simulator"], model["env_id"], eval_episodes, device, seed, trained.get("nconmax"), trained.get("njmax")
+        model["simulator"],
+        model["env_id"],
+        eval_episodes,
+        device,
+        seed,
+        trained.get("nconmax"),
+        trained.get("njmax"),
+        trained.get("envpool_threads", 0),
     )
     returns = first_episode_returns(model, envs, eval_episodes, device)
     envs.check_buffers()  # the returns are wrong if contacts were dropped
@@ -453,20 +489,24 @@ if __name__ == "__main__":
     simulator = validate(args)
     run = Run(args, __file__)  # seeds, picks the device, checks --resume, makes the run directory
     device = run.device
-    simulator_name = "Isaac Gym (isaacgymenvs)" if simulator == "isaacgym" else "MuJoCo Warp"
+    simulator_name = SIMULATOR_NAMES[simulator]
     print(f"simulator: {simulator_name}, task {args.env_id}, {args.num_envs} environments", flush=True)
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(device)}", flush=True)
+    elif simulator in ("envpool", "gymnasium"):
+        print(f"device: CPU ({'no CUDA GPU found' if args.cuda else '--no-cuda'})", flush=True)
     else:  # MuJoCo Warp on 2 CPU cores: 180-470 steps/s (benchmark/results/ppo_isaacgym_cpu.md)
         seconds = args.batch_size / 400
         print(
             f"device: CPU ({'no CUDA GPU found' if args.cuda else '--no-cuda'}). MuJoCo Warp steps a few hundred "
             f"worlds per second on a CPU, so one iteration of {args.num_envs} x {args.num_steps} steps takes about "
             + (f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s")
-            + " here; for a quick try: --num-envs 64 --total-timesteps 20000",
+            + " here; for a quick try: --num-envs 64 --total-timesteps 20000; faster on a CPU: --simulator envpool",
             flush=True,
         )
-    envs = make_envs(simulator, args.env_id, args.num_envs, device, args.seed, args.nconmax, args.njmax)
+    envs = make_envs(
+        simulator, args.env_id, args.num_envs, device, args.seed, args.nconmax, args.njmax, args.envpool_threads
+    )
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
 
     agent = Agent(obs_dim, act_dim).to(device)
@@ -500,8 +540,12 @@ if __name__ == "__main__":
         if args.compile:  # the saved learning rate was read onto the CPU: the compiled step reads it on the device
             optimizer.param_groups[0]["lr"] = torch.as_tensor(optimizer.param_groups[0]["lr"], device=device)
         obs_rms.load_state_dict(run.checkpoint["obs_rms"])
-        if run.checkpoint["envs"] is None:
-            print("Isaac Gym's state is not in the checkpoint: resuming with freshly reset environments", flush=True)
+        if run.checkpoint["envs"] is None:  # Isaac Gym, envpool
+            print(
+                f"{simulator_name.split(' (')[0]}'s state is not in the checkpoint: resuming with freshly reset "
+                "environments",
+                flush=True,
+            )
         else:
             envs.load_state_dict(run.checkpoint["envs"])
             next_obs = run.checkpoint["next_obs"].to(device)
@@ -510,7 +554,7 @@ if __name__ == "__main__":
 
     def training_state() -> dict:
         """What a checkpoint holds; resuming reads back each of these."""
-        saved_envs = envs.state_dict()  # None for Isaac Gym
+        saved_envs = envs.state_dict()  # None for Isaac Gym and envpool
         return dict(
             agent=agent.state_dict(),
             optimizer=optimizer.state_dict(),
@@ -656,7 +700,7 @@ if __name__ == "__main__":
 
     run.finish(
         global_step,
-        evaluate if simulator == "mujoco-warp" else evaluate_in_training_envs,
+        evaluate_in_training_envs if simulator == "isaacgym" else evaluate,
         agent=agent.state_dict(),
         obs_rms=obs_rms.state_dict(),
         obs_dim=obs_dim,

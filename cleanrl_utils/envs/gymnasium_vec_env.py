@@ -21,10 +21,16 @@ from cleanrl_utils.checkpoint import restore_envs, snapshot_envs
 
 
 class GymnasiumVecEnv:
-    def __init__(self, env_id: str, num_envs: int, device: torch.device, seed: int):
+    def __init__(
+        self, env_id: str, num_envs: int, device: torch.device, seed: int, max_episode_steps: Optional[int] = None
+    ):
+        """max_episode_steps: the time limit (None: the id's registered one)."""
         # SAME_STEP: an episode that ends is reset within the step; its true final observation is in infos.
         self.envs = gym.vector.SyncVectorEnv(
-            [lambda: gym.make(env_id, disable_env_checker=True) for _ in range(num_envs)],
+            [
+                lambda: gym.make(env_id, disable_env_checker=True, max_episode_steps=max_episode_steps)
+                for _ in range(num_envs)
+            ],
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         )
         space = self.envs.single_action_space
