@@ -1,0 +1,737 @@
+"""FastSAC: SAC for thousands of simulated worlds, with everything on the device.
+
+Seo, Sferrazza et al. 2025, "Learning Sim-to-Real Humanoid Locomotion in 15 Minutes" (https://arxiv.org/abs/2512.01996;
+the authors' code, github.com/amazon-far/holosoma, agents/fast_sac): FastTD3's recipe (many parallel environments, large
+batches, a device replay buffer, distributional C51 critics, running observation normalisation, AdamW) with SAC's
+squashed Gaussian policy and tuned temperature in place of TD3's deterministic policy and noise. What it changes from
+FastTD3: LayerNorm and SiLU in both networks, each critic learns the projected distribution of its own target critic
+with the entropy bonus in the target (no clipped double Q), the policy climbs the critics' mean Q less alpha log pi, the
+temperature steps after every critic update on the next actions' log-probabilities toward an entropy target of 0 (from
+alpha 0.001), eight critic updates and two policy updates per step on batches of 8,192, gamma 0.97, AdamW betas (0.9,
+0.95) and weight decay 0.001, `--amp` (bf16) and `--compile`.
+
+Action space: a one-dimensional Box (the policy acts in [-1, 1], mapped onto the bounds). `--simulator`: MuJoCo Warp
+(Ant, Humanoid, Hopper, HalfCheetah, Walker2d; default unless Isaac Gym is importable), Isaac Gym, or gymnasium's CPU
+vector envs (cleanrl_utils/envs/). Checkpoints hold the replay buffer and the simulator's state (not Isaac Gym's).
+
+    uv run python cleanrl/fast_sac_isaacgym.py --env-id Humanoid
+    uv run python cleanrl/fast_sac_isaacgym.py --simulator gymnasium --env-id Hopper-v5 --num-envs 16 \\
+        --batch-size 256 --buffer-size 20000 --learning-starts 5000
+
+fast_td3_isaacgym.py's plumbing throughout (its replay buffer's n-step windows, n = 1 by default as the authors'; its
+observation normaliser; its critics' support sized per task, where the authors' [-20, 20] fits their humanoid rewards;
+Isaac Gym's reset steps kept out of the loss). Unlike the authors' code: the log-probability is that of the action in
+[-1, 1] (theirs adds the Jacobian of a per-joint scaling that our tasks do not have); the temperature's AdamW has no
+weight decay (theirs keeps AdamW's default 0.01, which pulls log alpha toward 0). The FastTD3 repository's `fastsac`
+branch, an earlier take, has plain twin MSE critics with clipped double Q and ReLU networks; we follow the paper's.
+"""
+
+import importlib.util
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Literal, Optional, Union
+
+import numpy as np
+
+# Isaac Gym refuses to load once torch is imported: when it is installed, it goes first.
+if importlib.util.find_spec("isaacgym") is not None:
+    import isaacgym  # noqa: F401
+
+import torch
+import torch.nn as nn
+import tyro
+
+from cleanrl_utils.checkpoint import load_model
+from cleanrl_utils.envs.gymnasium_vec_env import GymnasiumVecEnv
+from cleanrl_utils.envs.isaacgym_env import ISAACGYM_INSTALL, IsaacGymVecEnv, isaacgym_available, isaacgym_tasks
+from cleanrl_utils.envs.mujoco_warp_env import WARP_TASKS, MuJoCoWarpVecEnv
+from cleanrl_utils.errors import check_env_id, check_fits, check_positive, fail
+from cleanrl_utils.run import Run
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, use a GPU when one is present (the CPU otherwise); the simulator runs there too"""
+    torch_threads: int = 0
+    """CPU threads for torch; 0 = one per core (torch's default): the updates are bound by matrix products"""
+    track: bool = False
+    """if toggled, mirror the run to Weights & Biases (offline when there is no network or API key)"""
+    wandb_project_name: str = "cleanRL"
+    """the W&B project name"""
+    wandb_entity: Optional[str] = None
+    """the W&B entity (team)"""
+    capture_video: bool = False
+    """not supported by this script (the batched simulators do not render here); must stay off"""
+    save_model: bool = False
+    """if toggled, save the model at the end and evaluate the reloaded copy"""
+    checkpoint_every: int = 0
+    """write a checkpoint every this many environment steps (0: only on SIGTERM/SIGINT)"""
+    resume: Optional[str] = None
+    """path of a checkpoint to continue from (run the original command with this flag added)"""
+    env_id: str = "Humanoid"
+    """the task: MuJoCo Warp's (Ant, Humanoid, Hopper, HalfCheetah, Walker2d), Isaac Gym's, or a gymnasium id"""
+    total_timesteps: int = 100000000
+    """total timesteps of the experiment (over all environments)"""
+
+    # Algorithm specific arguments
+    simulator: Literal["auto", "isaacgym", "mujoco-warp", "gymnasium"] = "auto"
+    """the simulator: auto takes Isaac Gym when it is importable, MuJoCo Warp otherwise"""
+    nconmax: Optional[int] = None
+    """MuJoCo Warp: contact slots per world, pooled across worlds (None: the task's default in WARP_TASKS)"""
+    njmax: Optional[int] = None
+    """MuJoCo Warp: constraint rows per world (None: the task's default in WARP_TASKS)"""
+    num_envs: int = 1024
+    """the number of parallel environments"""
+    buffer_size: int = 1024
+    """the replay buffer's steps per environment (it holds num_envs times as many transitions; the authors' 1024)"""
+    batch_size: int = 8192
+    """transitions per update, drawn evenly from the environments (batch_size // num_envs from each)"""
+    learning_starts: int = 10240
+    """environment steps (over all environments) of acting before learning"""
+    n_steps: int = 1
+    """the n of the n-step returns (the authors' 1)"""
+    gamma: float = 0.97
+    """the discount factor gamma"""
+    tau: float = 0.125
+    """the target critics' Polyak averaging coefficient, after every critic update"""
+    num_updates: int = 8
+    """critic (and temperature) updates per environment step (of all environments)"""
+    policy_frequency: int = 4
+    """one policy update every this many critic updates"""
+    critic_learning_rate: float = 3e-4
+    """the learning rate of the critics' optimizer (AdamW)"""
+    actor_learning_rate: float = 3e-4
+    """the learning rate of the policy's optimizer (AdamW)"""
+    alpha_learning_rate: float = 3e-4
+    """the learning rate of the temperature's optimizer (AdamW without weight decay)"""
+    weight_decay: float = 0.001
+    """AdamW's weight decay, for the critics and the policy"""
+    alpha_init: float = 0.001
+    """the temperature alpha at the start"""
+    autotune: bool = True
+    """if toggled, tune alpha toward the entropy target; otherwise it stays at --alpha-init"""
+    target_entropy_ratio: float = 0.0
+    """the entropy target is -target_entropy_ratio * (action dimensions) (the authors' 0: a target of 0 nats)"""
+    log_std_min: float = -5.0
+    """the policy's smallest log standard deviation"""
+    log_std_max: float = 0.0
+    """the policy's largest log standard deviation"""
+    num_atoms: int = 101
+    """the atoms of each critic's return distribution"""
+    v_min: Optional[float] = None
+    """the lowest return the critics' support can represent (None: the task's, from REWARD_RANGES)"""
+    v_max: Optional[float] = None
+    """the highest return the critics' support can represent (None: the task's, from REWARD_RANGES)"""
+    critic_hidden: int = 768
+    """the width of the critics' first layer (then halved twice)"""
+    actor_hidden: int = 512
+    """the width of the policy's first layer (then halved twice)"""
+    max_grad_norm: float = 0.0
+    """the maximum norm for the gradient clipping (0: none, the authors' default)"""
+    amp: bool = False
+    """if toggled, run the networks in bf16 autocast (the authors' GPU setting; parameters and storage stay float32)"""
+    compile: bool = False
+    """if toggled, compile the updates and the policy step with torch.compile (meant for GPUs)"""
+    log_every: int = 102400
+    """read losses and episode statistics back to the host every this many steps of all environments (a host sync:
+    the default is every 100 steps of the default 1024 environments)"""
+    time_limit_seconds: float = 0.0
+    """stop training after this many seconds of wall-clock time (0: no limit); for comparisons at equal wall time"""
+    eval_episodes: int = 10
+    """the number of episodes to evaluate the saved model for (deterministic policy)"""
+
+
+# --- the simulators ---------------------------------------------------------------------------------
+
+# Per-step rewards a run reaches on each task, low and high (as fast_td3_isaacgym.py sizes its critics): the critics'
+# support is this range over 1 - gamma, the bound of a discounted return. MuJoCo (MuJoCo Warp's tasks and gymnasium's
+# v5 ids): the alive bonus plus the forward velocity. Isaac Gym's Ant and Humanoid (isaacgymenvs): progress toward the
+# target plus alive and heading terms.
+REWARD_RANGES = {
+    "mujoco": {"Ant": (-2.0, 8.0), "Humanoid": (-1.0, 12.0), "Hopper": (-1.0, 5.0), "HalfCheetah": (-2.0, 15.0)}
+    | {"Walker2d": (-1.0, 8.0)},
+    "isaacgym": {"Ant": (-2.0, 10.0), "Humanoid": (-2.0, 10.0)},
+}
+DEFAULT_SUPPORT = (-20.0, 20.0)  # the authors' default (their humanoid tasks' scale), for tasks not listed above
+
+
+def task_support(simulator: str, env_id: str, gamma: float) -> tuple:
+    """The critics' support (v_min, v_max) for a task: its REWARD_RANGES entry over 1 - gamma (gymnasium's MuJoCo ids
+    by their name, Hopper-v5 as Hopper), else DEFAULT_SUPPORT."""
+    family, name = ("isaacgym", env_id) if simulator == "isaacgym" else ("mujoco", env_id.split("-v")[0])
+    if name not in REWARD_RANGES[family]:
+        return DEFAULT_SUPPORT
+    low, high = REWARD_RANGES[family][name]
+    return low / (1 - gamma), high / (1 - gamma)
+
+
+def resolve_simulator(simulator: str) -> str:
+    if simulator == "auto":
+        return "isaacgym" if isaacgym_available() else "mujoco-warp"
+    return simulator
+
+
+def make_envs(simulator: str, env_id: str, num_envs: int, device: torch.device, seed: int, args: dict):
+    if simulator == "isaacgym":
+        return IsaacGymVecEnv(env_id, num_envs, device, seed)
+    if simulator == "gymnasium":
+        return GymnasiumVecEnv(env_id, num_envs, device, seed)
+    return MuJoCoWarpVecEnv(env_id, num_envs, device, seed, nconmax=args.get("nconmax"), njmax=args.get("njmax"))
+
+
+def replay_nbytes(args: Args, obs_dim: int, act_dim: int) -> int:
+    """Bytes of the replay buffer: observations and true next observations, actions, rewards (float32) and three bool
+    flags (counted as 4 bytes each: a bound from above)."""
+    return args.num_envs * args.buffer_size * (2 * obs_dim + act_dim + 4) * 4
+
+
+def validate(args: Args) -> str:
+    """Check the arguments and the simulator before any work; fail in one line. Returns the simulator that will run."""
+    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "n_steps", "num_updates", "num_atoms")
+    check_positive(**{name: getattr(args, name) for name in positive})
+    check_positive(policy_frequency=args.policy_frequency, log_every=args.log_every, eval_episodes=args.eval_episodes)
+    check_positive(critic_hidden=args.critic_hidden, actor_hidden=args.actor_hidden, alpha_init=args.alpha_init)
+    non_negative = ("checkpoint_every", "learning_starts", "torch_threads", "max_grad_norm", "weight_decay")
+    for name in non_negative + ("time_limit_seconds",):
+        if getattr(args, name) < 0:
+            fail(f"--{name.replace('_', '-')} must be 0 or positive, got {getattr(args, name)}")
+    if args.capture_video:
+        fail("--capture-video is not supported by fast_sac_isaacgym.py; record videos with sac_continuous_action.py")
+    if not 0 < args.gamma <= 1 or not 0 < args.tau <= 1:
+        fail(f"--gamma and --tau must be in (0, 1], got {args.gamma} and {args.tau}")
+    if not args.log_std_min < args.log_std_max:
+        fail(f"the policy needs --log-std-min < --log-std-max, got {args.log_std_min} and {args.log_std_max}")
+    simulator = resolve_simulator(args.simulator)
+    if args.v_min is None or args.v_max is None:  # the task's support, where not given
+        if args.gamma == 1:
+            fail("--gamma 1 puts no bound on the returns: give the critics' support with --v-min and --v-max")
+        v_min, v_max = task_support(simulator, args.env_id, args.gamma)
+        args.v_min = v_min if args.v_min is None else args.v_min
+        args.v_max = v_max if args.v_max is None else args.v_max
+    if not args.v_min < args.v_max or args.num_atoms < 2:
+        support = f"--v-min {args.v_min}, --v-max {args.v_max}, --num-atoms {args.num_atoms}"
+        fail(f"the support needs --v-min < --v-max and at least 2 atoms, got {support}")
+    if args.batch_size < args.num_envs:
+        fail(f"--batch-size {args.batch_size} is below --num-envs {args.num_envs}: each update draws from every env")
+    if args.n_steps > args.buffer_size:
+        fail(f"--n-steps {args.n_steps} is longer than the --buffer-size {args.buffer_size} steps kept per env")
+    if simulator == "isaacgym" and not isaacgym_available():
+        fail(ISAACGYM_INSTALL)
+    if simulator == "mujoco-warp" and importlib.util.find_spec("mujoco_warp") is None:
+        fail("--simulator mujoco-warp needs the mujoco-warp package (Python >= 3.11): uv sync")
+    if simulator == "gymnasium":
+        import gymnasium as gym
+
+        check_env_id(args.env_id)
+        probe = gym.make(args.env_id)
+        action_space, observation_space = probe.action_space, probe.observation_space
+        probe.close()
+        box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
+        if not box or not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
+            fail(f"fast_sac_isaacgym.py needs 1-D Box actions in finite bounds; {args.env_id} has {action_space}")
+        if not isinstance(observation_space, gym.spaces.Box):
+            fail(f"fast_sac_isaacgym.py needs Box observations; {args.env_id} has {observation_space}")
+        obs_dim, act_dim = int(np.prod(observation_space.shape)), int(action_space.shape[0])
+    else:
+        tasks = list(WARP_TASKS) if simulator == "mujoco-warp" else isaacgym_tasks()
+        if args.env_id not in tasks:
+            known = ", ".join(tasks)
+            fail(f"unknown task {args.env_id!r} for {simulator}; known tasks: {known} (or --simulator gymnasium)")
+        obs_dim, act_dim = 400, 30  # the largest of the tasks (Humanoid's 348 observations, 17 actions), for the check
+    device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
+    check_fits(replay_nbytes(args, obs_dim, act_dim), device, "replay buffer", "--buffer-size")
+    return simulator
+
+
+# --- the agent ---------------------------------------------------------------------------------------
+
+
+class ObservationNormalizer(nn.Module):
+    """Running mean and variance of the observations acted on (float64, merged batch by batch with the parallel-variance
+    formula); normalise as (x - mean) / (std + 0.01), as the authors' EmpiricalNormalization does."""
+
+    def __init__(self, obs_dim: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(obs_dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(obs_dim, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def update(self, batch: torch.Tensor) -> None:
+        n = batch.shape[0]
+        batch_var, batch_mean = torch.var_mean(batch.double(), dim=0, unbiased=False)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        # The first batch replaces the initial statistics (count 0): its weight is n / n = 1.
+        self.var.mul_(self.count / total).add_(batch_var * n / total + delta.square() * self.count * n / total.square())
+        self.mean.add_(delta * n / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / (self.var.sqrt() + 0.01)).float()
+
+
+def layer_norm_silu_layers(in_dim: int, hidden: int) -> List[nn.Module]:
+    """The authors' FastSAC trunk for both networks: Linear, LayerNorm, SiLU layers of hidden, hidden / 2 and hidden / 4
+    units."""
+    widths = [in_dim, hidden, hidden // 2, hidden // 4]
+    return [module for a, b in zip(widths, widths[1:]) for module in (nn.Linear(a, b), nn.LayerNorm(b), nn.SiLU())]
+
+
+class Critic(nn.Module):
+    """Two distributional critics over the same support; forward gives both critics' logits [2, batch, atoms]."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int, num_atoms: int, v_min: float, v_max: float):
+        super().__init__()
+        self.qnets = nn.ModuleList(
+            [
+                nn.Sequential(*layer_norm_silu_layers(obs_dim + act_dim, hidden), nn.Linear(hidden // 4, num_atoms))
+                for _ in range(2)
+            ]
+        )
+        self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms))
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([obs, actions], dim=-1)
+        return torch.stack([qnet(x) for qnet in self.qnets])
+
+    def q_values(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distributions' means, from logits [..., atoms]."""
+        return (torch.softmax(logits.float(), dim=-1) * self.support).sum(-1)
+
+
+class Actor(nn.Module):
+    """A Gaussian policy squashed by tanh into [-1, 1]: the trunk, then the mean and the log standard deviation (tanh
+    into [log_std_min, log_std_max]), both output layers zero at initialisation (mean 0, log std at mid-range)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int, log_std_min: float, log_std_max: float):
+        super().__init__()
+        self.net = nn.Sequential(*layer_norm_silu_layers(obs_dim, hidden))
+        self.fc_mean = nn.Linear(hidden // 4, act_dim)
+        self.fc_logstd = nn.Linear(hidden // 4, act_dim)
+        for layer in (self.fc_mean, self.fc_logstd):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+        self.log_std_min, self.log_std_max = log_std_min, log_std_max
+
+    def forward(self, obs: torch.Tensor) -> tuple:
+        """The Gaussian's mean and log standard deviation before squashing."""
+        h = self.net(obs)
+        log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (torch.tanh(self.fc_logstd(h)) + 1)
+        return self.fc_mean(h), log_std
+
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple:
+        """Actions tanh(mean + std * noise) for standard normal `noise`, and their log-probabilities."""
+        return squashed_gaussian(*self(obs), noise)
+
+    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        """The squashed mean: the policy evaluation plays."""
+        return torch.tanh(self(obs)[0])
+
+
+def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor) -> tuple:
+    """Actions a = tanh(u), u = mean + exp(log_std) * noise (the reparameterised sample), and log pi(a|s) [batch]: the
+    Gaussian's log-density at u less log(1 - a^2 + 1e-6) (tanh's Jacobian, with the authors' epsilon), summed over the
+    action dimensions."""
+    actions = torch.tanh(mean + log_std.exp() * noise)
+    gaussian_log_density = -0.5 * noise.square() - log_std - 0.5 * math.log(2 * math.pi)
+    return actions, (gaussian_log_density - torch.log(1 - actions.square() + 1e-6)).sum(-1)
+
+
+def temperature_loss(
+    log_alpha: torch.Tensor, log_probs: torch.Tensor, target_entropy: float, weights: torch.Tensor
+) -> torch.Tensor:
+    """The authors' temperature loss, -alpha (log pi + target entropy) averaged over the windows of weight 1: it raises
+    alpha while the policy's entropy (-log pi) is below the target and lowers it above."""
+    return -(log_alpha.exp() * (log_probs.detach() + target_entropy) * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+class ReplayBuffer:
+    """The last `buffer_size` steps of every environment, as device tensors [num_envs, buffer_size, ...]: the
+    observation acted on, the action in [-1, 1], the reward, whether the step terminated or truncated its episode, the
+    true next observation (the final one where the episode ended), and whether the step was a simulator's reset step
+    (Isaac Gym resets an ended episode during the next step, which acts on the final observation and lands on the new
+    episode: no transition of either). Written one column (all environments) per step; sampled evenly per
+    environment."""
+
+    FIELDS = ("obs", "actions", "rewards", "terminations", "truncations", "next_obs", "reset_steps")
+
+    def __init__(self, num_envs: int, buffer_size: int, obs_dim: int, act_dim: int, device: torch.device):
+        rows = (num_envs, buffer_size)
+        self.obs = torch.zeros(rows + (obs_dim,), device=device)
+        self.actions = torch.zeros(rows + (act_dim,), device=device)
+        self.rewards = torch.zeros(rows, device=device)
+        self.terminations = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.truncations = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.next_obs = torch.zeros(rows + (obs_dim,), device=device)
+        self.reset_steps = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.num_envs, self.buffer_size, self.pos, self.size = num_envs, buffer_size, 0, 0
+
+    def add(self, obs, actions, rewards, terminations, truncations, next_obs, reset_steps) -> None:
+        for name, value in zip(self.FIELDS, (obs, actions, rewards, terminations, truncations, next_obs, reset_steps)):
+            getattr(self, name)[:, self.pos] = value
+        self.pos = (self.pos + 1) % self.buffer_size
+        self.size = min(self.size + 1, self.buffer_size)
+
+    def sample(self, per_env: int, n_steps: int, gamma: float):
+        """`per_env` n-step transitions drawn uniformly from each environment's stored steps (n_step_window)."""
+        starts = torch.randint(self.size, (self.num_envs, per_env), device=self.rewards.device)
+        return self.n_step_window(starts, n_steps, gamma)
+
+    def n_step_window(self, starts: torch.Tensor, n_steps: int, gamma: float):
+        """The n-step transitions starting at the columns `starts` [num_envs, k] of each environment, flattened to
+        [num_envs * k]: (obs, actions, n-step discounted rewards, the bootstrap's discount, next_obs, and a weight: 0
+        for a window that starts at a reset step, which learns nothing, 1 otherwise). A window of up to `n_steps`
+        steps stops at the first step that ends its episode (a termination or a truncation) and at the
+        newest step stored; it bootstraps from the true next observation of its last step with discount
+        gamma^length, unless that step terminated (discount 0)."""
+        device = self.rewards.device
+        envs = torch.arange(self.num_envs, device=device).view(-1, 1)
+        newest = (self.pos - 1) % self.buffer_size
+        steps_to_newest = (newest - starts) % self.buffer_size  # 0 at the newest step
+        offsets = torch.arange(n_steps, device=device)
+        rows = (starts.unsqueeze(-1) + offsets) % self.buffer_size  # [envs, k, n]
+        window_envs = envs.unsqueeze(-1)
+        ends = self.terminations[window_envs, rows] | self.truncations[window_envs, rows]
+        ends = ends | (offsets == steps_to_newest.unsqueeze(-1))
+        ends[..., -1] = True  # a window is n steps long at most
+        last = ends.float().argmax(-1)  # the first step that ends the window
+        inside = offsets <= last.unsqueeze(-1)
+        n_step_rewards = (self.rewards[window_envs, rows] * gamma**offsets * inside).sum(-1)
+        last_rows = rows.gather(-1, last.unsqueeze(-1)).squeeze(-1)
+        terminated = self.terminations[envs, last_rows]
+        discounts = torch.where(terminated, 0.0, gamma ** (last + 1).float())
+        out = (
+            self.obs[envs, starts],
+            self.actions[envs, starts],
+            n_step_rewards,
+            discounts,
+            self.next_obs[envs, last_rows],
+            (~self.reset_steps[envs, starts]).float(),
+        )
+        return tuple(x.flatten(0, 1) for x in out)
+
+    def state_dict(self) -> dict:
+        """The columns written so far (all of them once the buffer is full) and the write position, on the CPU."""
+        state = {name: getattr(self, name)[:, : self.size].cpu() for name in self.FIELDS}
+        return {**state, "pos": self.pos, "size": self.size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos, self.size = state["pos"], state["size"]
+        for name in self.FIELDS:
+            getattr(self, name)[:, : self.size] = state[name]
+
+
+def project_distribution(
+    next_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor
+) -> torch.Tensor:
+    """Project the distribution of rewards + discounts * z onto `support` [atoms] (evenly spaced): `next_probs`
+    [batch, atoms], `rewards` and `discounts` [batch] (discount gamma^n, 0 where the window terminated). Each shifted
+    atom is clamped into the support and its mass split between the two nearest atoms in proportion to closeness."""
+    n_atoms = support.shape[0]
+    v_min, v_max = support[0], support[-1]
+    delta_z = (v_max - v_min) / (n_atoms - 1)
+    tz = (rewards.unsqueeze(1) + discounts.unsqueeze(1) * support.unsqueeze(0)).clamp(v_min, v_max)
+    b = ((tz - v_min) / delta_z).clamp(0, n_atoms - 1)
+    lower, upper = b.floor(), b.ceil()
+    # Where b is an atom exactly, lower == upper and both weights below would be 0: the lower atom takes the mass.
+    lower_weight = (upper - b) + (lower == upper).to(b.dtype)
+    projected = torch.zeros_like(next_probs)
+    projected.scatter_add_(1, lower.long(), next_probs * lower_weight)
+    projected.scatter_add_(1, upper.long(), next_probs * (b - lower))
+    return projected
+
+
+def to_env_actions(actions: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Actions in [-1, 1] onto the task's bounds [low, high]."""
+    return low + (actions + 1.0) * 0.5 * (high - low)
+
+
+def first_episode_returns(model: dict, envs, eval_episodes: int, device: torch.device) -> List[float]:
+    """The return of the first episode of each of the first `eval_episodes` environments under the deterministic
+    policy (the squashed mean), on observations normalised with the saved statistics (frozen). The environments are
+    reset first."""
+    trained = model["args"]
+    actor = Actor(
+        model["obs_dim"], model["act_dim"], trained["actor_hidden"], trained["log_std_min"], trained["log_std_max"]
+    ).to(device)
+    actor.load_state_dict(model["actor"])
+    normalizer = ObservationNormalizer(model["obs_dim"]).to(device)
+    normalizer.load_state_dict(model["obs_normalizer"])
+    count = min(eval_episodes, envs.num_envs)
+    returns = torch.full((count,), math.nan, device=device)
+    obs = envs.reset()
+    with torch.no_grad():
+        for step in range(1, 100_000):
+            actions = actor.deterministic(normalizer(obs))
+            obs, _, _, _, info = envs.step(to_env_actions(actions, envs.action_low, envs.action_high))
+            first = info["done"][:count] & returns.isnan()
+            returns = torch.where(first, info["episode_return"][:count], returns)
+            if step % 100 == 0 and not returns.isnan().any():  # one host read every 100 steps
+                break
+    return returns[~returns.isnan()].tolist()
+
+
+def evaluate(
+    model_path: Union[str, Path],
+    eval_episodes: int,
+    device: torch.device,
+    seed: int = 0,
+    capture_video: bool = False,
+    video_dir: Optional[Path] = None,
+) -> List[float]:
+    """Reload a model saved by this script and return the returns of the first episode of `eval_episodes`
+    environments, simulated together (see first_episode_returns)."""
+    if capture_video:
+        fail("fast_sac_isaacgym.py cannot record videos; evaluate without --capture-video")
+    model = load_model(model_path, __file__)
+    envs = make_envs(model["simulator"], model["env_id"], eval_episodes, device, seed, model["args"])
+    returns = first_episode_returns(model, envs, eval_episodes, device)
+    envs.check_buffers()  # the returns are wrong if contacts were dropped
+    envs.close()
+    return returns
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    simulator = validate(args)
+    run = Run(args, __file__)  # seeds, picks the device, checks --resume, makes the run directory
+    device = run.device
+    envs = make_envs(simulator, args.env_id, args.num_envs, device, args.seed, vars(args))
+    obs_dim, act_dim = envs.obs_dim, envs.act_dim
+    print(f"simulator: {simulator}, task {args.env_id}, {args.num_envs} environments, device {device}", flush=True)
+
+    actor = Actor(obs_dim, act_dim, args.actor_hidden, args.log_std_min, args.log_std_max).to(device)
+    qnet = Critic(obs_dim, act_dim, args.critic_hidden, args.num_atoms, args.v_min, args.v_max).to(device)
+    qnet_target = Critic(obs_dim, act_dim, args.critic_hidden, args.num_atoms, args.v_min, args.v_max).to(device)
+    qnet_target.load_state_dict(qnet.state_dict())
+    betas = (0.9, 0.95)  # the authors' AdamW betas, for all three
+    q_optimizer = torch.optim.AdamW(
+        qnet.parameters(), lr=args.critic_learning_rate, weight_decay=args.weight_decay, betas=betas
+    )
+    actor_optimizer = torch.optim.AdamW(
+        actor.parameters(), lr=args.actor_learning_rate, weight_decay=args.weight_decay, betas=betas
+    )
+    log_alpha = torch.tensor([math.log(args.alpha_init)], device=device, requires_grad=True)
+    alpha_optimizer = torch.optim.AdamW([log_alpha], lr=args.alpha_learning_rate, weight_decay=0.0, betas=betas)
+    target_entropy = -args.target_entropy_ratio * act_dim
+    obs_normalizer = ObservationNormalizer(obs_dim).to(device)
+    rb = ReplayBuffer(args.num_envs, args.buffer_size, obs_dim, act_dim, device)
+    per_env = args.batch_size // args.num_envs
+    # bf16 autocast needs no loss scaling (its exponent range is float32's).
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
+
+    def clip_gradients(parameters) -> None:
+        if args.max_grad_norm > 0:
+            nn.utils.clip_grad_norm_(parameters, args.max_grad_norm)
+
+    def update_critic(obs, actions, rewards, discounts, next_obs, weights, next_noise) -> tuple:
+        """One AdamW step of both critics, each toward the projected soft n-step target of its own target critic,
+        averaged over the windows of weight 1; their cross-entropies [2], the fractions of targets above and below the
+        support [2], and the next actions' log-probabilities (for the temperature)."""
+        with torch.no_grad(), autocast:
+            next_actions, next_log_probs = actor.sample(next_obs, next_noise)
+            next_log_probs = next_log_probs.float()
+            next_probs = torch.softmax(qnet_target(next_obs, next_actions.float()).float(), dim=-1)  # [2, batch, atoms]
+            # The entropy bonus enters as a reward at the bootstrap: r + discount * (z - alpha log pi(a'|s')).
+            soft_rewards = rewards - discounts * log_alpha.exp() * next_log_probs
+            targets = torch.stack(
+                [project_distribution(p, soft_rewards, discounts, qnet_target.support) for p in next_probs]
+            )
+            # The targets' means before projection: beyond the support the projection clamps them (reported).
+            target_q = soft_rewards + discounts * (next_probs * qnet_target.support).sum(-1)  # [2, batch]
+            beyond = torch.stack([(target_q > args.v_max).float().mean(), (target_q < args.v_min).float().mean()])
+        with autocast:
+            log_probs = torch.log_softmax(qnet(obs, actions).float(), dim=-1)
+        qf_losses = (-(targets * log_probs).sum(-1) * weights).sum(-1) / weights.sum().clamp(min=1.0)
+        q_optimizer.zero_grad()
+        qf_losses.sum().backward()
+        clip_gradients(qnet.parameters())
+        q_optimizer.step()
+        return qf_losses.detach(), beyond, next_log_probs
+
+    def update_temperature(next_log_probs, weights) -> torch.Tensor:
+        """One AdamW step of log alpha on the critic update's next actions (the authors' place for it)."""
+        alpha_loss = temperature_loss(log_alpha, next_log_probs, target_entropy, weights)
+        alpha_optimizer.zero_grad()
+        alpha_loss.backward()
+        alpha_optimizer.step()
+        return alpha_loss.detach()
+
+    def update_actor(obs, noise) -> torch.Tensor:
+        """One AdamW step of the policy down alpha log pi - (the critics' mean Q), alpha held constant."""
+        with autocast:
+            actions, log_probs = actor.sample(obs, noise)
+            q = qnet.q_values(qnet(obs, actions)).mean(0)
+        actor_loss = (log_alpha.detach().exp() * log_probs.float() - q).mean()
+        actor_optimizer.zero_grad()
+        actor_loss.backward()
+        clip_gradients(actor.parameters())
+        actor_optimizer.step()
+        return actor_loss.detach()
+
+    def policy_step(obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), autocast:
+            return actor.sample(obs, noise)[0].float()
+
+    if args.compile:
+        update_critic, update_temperature, update_actor, policy_step = (
+            torch.compile(f) for f in (update_critic, update_temperature, update_actor, policy_step)
+        )
+
+    global_step, critic_updates = 0, 0
+    raw_obs = envs.reset()
+    if run.checkpoint:
+        for name, module in dict(
+            actor=actor, qnet=qnet, qnet_target=qnet_target, obs_normalizer=obs_normalizer
+        ).items():
+            module.load_state_dict(run.checkpoint[name])
+        q_optimizer.load_state_dict(run.checkpoint["q_optimizer"])
+        actor_optimizer.load_state_dict(run.checkpoint["actor_optimizer"])
+        alpha_optimizer.load_state_dict(run.checkpoint["alpha_optimizer"])
+        with torch.no_grad():
+            log_alpha.copy_(run.checkpoint["log_alpha"].to(device))
+        rb.load_state_dict(run.checkpoint["replay_buffer"])
+        if run.checkpoint["envs"] is None:
+            print(
+                "the simulator's state is not in the checkpoint: resuming with freshly reset environments", flush=True
+            )
+        else:
+            envs.load_state_dict(run.checkpoint["envs"])
+            raw_obs = run.checkpoint["raw_obs"].to(device)
+        global_step, critic_updates = run.checkpoint["global_step"], run.checkpoint["critic_updates"]
+
+    def training_state() -> dict:
+        """What a checkpoint holds; resuming reads back each of these."""
+        saved_envs = envs.state_dict()  # None for Isaac Gym
+        return dict(
+            actor=actor.state_dict(),
+            qnet=qnet.state_dict(),
+            qnet_target=qnet_target.state_dict(),
+            obs_normalizer=obs_normalizer.state_dict(),
+            q_optimizer=q_optimizer.state_dict(),
+            actor_optimizer=actor_optimizer.state_dict(),
+            alpha_optimizer=alpha_optimizer.state_dict(),
+            log_alpha=log_alpha.detach().cpu(),
+            replay_buffer=rb.state_dict(),
+            envs=saved_envs,
+            raw_obs=None if saved_envs is None else raw_obs.cpu(),
+            global_step=global_step,
+            critic_updates=critic_updates,
+        )
+
+    # Episodes finished since the last log line (count, sum of returns, sum of lengths), and the critic updates' targets
+    # beyond the support (sums of the fractions above and below, count of updates), summed on the device.
+    episode_stats = torch.zeros(3, dtype=torch.float64, device=device)
+    support_stats = torch.zeros(3, device=device)
+    no_reset_steps = torch.zeros(args.num_envs, dtype=torch.bool, device=device)  # what the other simulators report
+    qf_losses = actor_loss = alpha_loss = None  # the latest updates', read back when logged
+    run.begin(training_state)
+    while global_step < args.total_timesteps:
+        # 1. Act: the observations enter the running statistics, the policy samples its actions on them normalised;
+        # everything stays on the device.
+        obs_normalizer.update(raw_obs)
+        noise = torch.randn(args.num_envs, act_dim, device=device)
+        actions = policy_step(obs_normalizer(raw_obs), noise)
+        next_raw_obs, rewards, terminations, truncations, info = envs.step(
+            to_env_actions(actions, envs.action_low, envs.action_high)
+        )
+        rb.add(
+            raw_obs,
+            actions,
+            rewards,
+            terminations,
+            truncations,
+            info["final_obs"],
+            info.get("reset_step", no_reset_steps),
+        )
+        raw_obs = next_raw_obs
+        previous_step, global_step = global_step, global_step + args.num_envs
+        ended = info["done"].double()
+        episode_stats += torch.stack(
+            [ended.sum(), (info["episode_return"] * ended).sum(), (info["episode_length"] * ended).sum()]
+        )
+
+        # 2. Learn: num_updates critic and temperature updates per step, a policy update after every
+        # policy_frequency-th; the target critics follow each critic update by Polyak averaging. Replayed observations
+        # normalised with the statistics of the moment (not updated by them).
+        if global_step > args.learning_starts:
+            for _ in range(args.num_updates):
+                obs_b, actions_b, rewards_b, discounts_b, next_obs_b, weights_b = rb.sample(
+                    per_env, args.n_steps, args.gamma
+                )
+                obs_b, next_obs_b = obs_normalizer(obs_b), obs_normalizer(next_obs_b)
+                next_noise = torch.randn_like(actions_b)
+                qf_losses, beyond, next_log_probs = update_critic(
+                    obs_b, actions_b, rewards_b, discounts_b, next_obs_b, weights_b, next_noise
+                )
+                if args.autotune:
+                    alpha_loss = update_temperature(next_log_probs, weights_b)
+                support_stats += torch.cat([beyond, beyond.new_ones(1)])
+                critic_updates += 1
+                if critic_updates % args.policy_frequency == 0:
+                    actor_loss = update_actor(obs_b, torch.randn_like(actions_b))
+                with torch.no_grad():
+                    torch._foreach_lerp_(list(qnet_target.parameters()), list(qnet.parameters()), args.tau)
+
+        # 3. Log every --log-every steps (one device-to-host read; MuJoCo Warp's buffer check), checkpoint when due.
+        out_of_time = args.time_limit_seconds > 0 and time.time() - run.start_time >= args.time_limit_seconds
+        ended = global_step >= args.total_timesteps or out_of_time
+        if global_step // args.log_every > previous_step // args.log_every or ended:
+            finished, return_sum, length_sum = episode_stats.tolist()
+            episode_stats.zero_()
+            if finished > 0:  # the mean over the episodes that ended since the last log line
+                run.log_episodes(global_step, returns=[return_sum / finished], lengths=[length_sum / finished])
+            scalars = envs.check_buffers()
+            scalars["losses/alpha"] = log_alpha.detach().exp().squeeze()
+            if qf_losses is not None:
+                scalars.update({"losses/qf1_loss": qf_losses[0], "losses/qf2_loss": qf_losses[1]})
+                above, below, updates = support_stats
+                scalars.update(
+                    {"losses/targets_above_support": above / updates, "losses/targets_below_support": below / updates}
+                )
+                support_stats.zero_()
+            if actor_loss is not None:
+                scalars["losses/actor_loss"] = actor_loss
+            if alpha_loss is not None:
+                scalars["losses/alpha_loss"] = alpha_loss
+            logged = run.log(global_step, scalars)
+            above, below = (
+                logged.get("losses/targets_above_support", 0.0),
+                logged.get("losses/targets_below_support", 0.0),
+            )
+            if above > 0 or below > 0:  # the projection clamped them: the critics cannot represent these returns
+                print(
+                    f"step {global_step}: {above:.1%} of the critics' targets lie above the support's top "
+                    f"{args.v_max:g} and {below:.1%} below its bottom {args.v_min:g}, clamped to it: widen "
+                    "--v-min/--v-max",
+                    flush=True,
+                )
+        run.end_iteration(global_step)
+        if out_of_time:
+            print(f"--time-limit-seconds {args.time_limit_seconds:g} reached at step {global_step}", flush=True)
+            break
+
+    def evaluate_in_training_envs(model_path: Path, eval_episodes: int, device: torch.device, **_) -> List[float]:
+        """Isaac Gym runs one simulation per process: the reloaded model plays in the training environments."""
+        return first_episode_returns(load_model(model_path, __file__), envs, eval_episodes, device)
+
+    run.finish(
+        global_step,
+        evaluate_in_training_envs if simulator == "isaacgym" else evaluate,
+        actor=actor.state_dict(),
+        obs_normalizer=obs_normalizer.state_dict(),
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+        simulator=simulator,
+    )
+    envs.close()
