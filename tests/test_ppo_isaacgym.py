@@ -24,7 +24,16 @@ import numpy as np
 import ppo_isaacgym as pig
 import pytest
 import torch
-from conftest import ROOT, assert_bad_input, assert_finite_keys, read_scalars, run_dirs, run_script, script_env
+from conftest import (
+    ROOT,
+    assert_bad_input,
+    assert_finite_keys,
+    kill_at_first_checkpoint,
+    read_scalars,
+    run_dirs,
+    run_script,
+    script_env,
+)
 from test_ppo_continuous import reference_ppo_loss
 from update_reference import assert_gradients_match, gradients, leaves
 
@@ -67,25 +76,57 @@ ROLLOUT_FUNCTIONS |= {"update"}  # RunningMeanStd.update
 PROBE_ENT_COEF = 1e-3
 
 
+#
+# The CPU simulators (envpool, gymnasium) run the same loop under the same checks, with a 20-step time limit
+# (tests/probe_short_episodes.py) in place of the step count set near 1000: envpool resumed from its own straight run's
+# checkpoint at step 512 (its environments start fresh episodes there), gymnasium as a fresh run of 768 steps whose
+# last 32 are checked.
+CPU_SIMULATORS = ("envpool", "gymnasium")
+SHORT_EPISODES = "20"
+
+
+@pytest.fixture(scope="module", params=["mujoco-warp", *CPU_SIMULATORS])
+def probed(request):
+    return request.getfixturevalue({"mujoco-warp": "warp_probed"}.get(request.param, f"{request.param}_probed"))
+
+
 @pytest.fixture(scope="module")
-def probed(hopper_run, tmp_path_factory):
+def warp_probed(hopper_run, tmp_path_factory):
     return probe_resumed(hopper_run[0], tmp_path_factory.mktemp("probe"))
 
 
-def probe_resumed(straight_dir: Path, cwd: Path):
-    """The probed run (see above) in `cwd`, resumed from a copy of `straight_dir`'s last checkpoint; its trace and
-    its host reads (line, function, method)."""
-    from probe import probe_script
+@pytest.fixture(scope="module")
+def envpool_probed(cpu_runs, tmp_path_factory):
+    return probe_resumed(cpu_runs["envpool"][0], tmp_path_factory.mktemp("probe-envpool"), "envpool")
 
+
+@pytest.fixture(scope="module")
+def gymnasium_probed(tmp_path_factory):
+    return probe_run(["--simulator", "gymnasium", *HOPPER_FLAGS[:-4]], tmp_path_factory.mktemp("probe-gymnasium"))
+
+
+def probe_resumed(straight_dir: Path, cwd: Path, simulator: str = "mujoco-warp"):
+    """The probed run (see above) in `cwd`, resumed from a copy of `straight_dir`'s last checkpoint; its trace, its
+    host reads (line, function, method) and the checkpoint it resumed from."""
     run_dir = cwd / "runs" / straight_dir.name
     shutil.copytree(straight_dir, run_dir)
     checkpoint = load(run_dir / "checkpoint.pt")
     assert checkpoint["global_step"] == 512 and checkpoint["iteration"] == 4
     checkpoint["args"].update(total_timesteps=768, num_iterations=6, ent_coef=PROBE_ENT_COEF)
-    checkpoint["envs"]["elapsed"].fill_(996)  # 4 steps from gymnasium's time limit
+    if simulator == "mujoco-warp":
+        checkpoint["envs"]["elapsed"].fill_(996)  # 4 steps from gymnasium's time limit
     torch.save(checkpoint, run_dir / "checkpoint.pt")
-    flags = [*HOPPER_FLAGS[:-4], "--total-timesteps", "768", "--ent-coef", str(PROBE_ENT_COEF)]
-    flags += ["--resume", str(run_dir / "checkpoint.pt")]
+    flags = [*HOPPER_FLAGS[:-4], "--resume", str(run_dir / "checkpoint.pt")]
+    flags += [] if simulator == "mujoco-warp" else ["--simulator", simulator]
+    trace, host_reads = probe_run(flags, cwd)
+    return trace, host_reads, checkpoint
+
+
+def probe_run(flags: list[str], cwd: Path):
+    """The script under the probe for 768 steps (see above): its trace and its host reads (line, function, method)."""
+    from probe import probe_script
+
+    flags = [*flags, "--total-timesteps", "768", "--ent-coef", str(PROBE_ENT_COEF)]
     host_reads = cwd / "host_reads.txt"
     trace = probe_script(
         SCRIPT,
@@ -95,8 +136,8 @@ def probe_resumed(straight_dir: Path, cwd: Path):
         at_backward=PROBE_AT_BACKWARD,
         grads=["agent"],
         final=[*PROBE_RESULTS, "next_obs", "obs_rms"],
-        preload=["probe_host_reads"],
-        env=script_env(PROBE_HOST_READS=str(host_reads)),
+        preload=["probe_host_reads", "probe_short_episodes"],
+        env=script_env(PROBE_HOST_READS=str(host_reads), PROBE_MAX_EPISODE_STEPS=SHORT_EPISODES),
         timeout=600,
     )
     reads = host_reads.read_text().split("\n") if host_reads.exists() else []
@@ -104,7 +145,7 @@ def probe_resumed(straight_dir: Path, cwd: Path):
 
 
 def test_the_rollout_and_the_update_stay_on_the_device(probed):
-    trace, host_reads = probed
+    trace, host_reads = probed[:2]
     stream = plain.rollout_stream(trace, 16, PROBE_RESULTS, start_step=512)
     assert len(stream) == 32
     for step in stream:  # the simulator's outputs are tensors where the agent's parameters are, never arrays
@@ -119,7 +160,7 @@ def test_the_rollout_and_the_update_stay_on_the_device(probed):
 
 
 def test_storage_and_normalisation_follow_the_stream_and_the_final_observation_stays_out_of_the_statistics(probed):
-    trace, _ = probed
+    trace = probed[0]
     stream = plain.rollout_stream(trace, 16, PROBE_RESULTS, start_step=512)
     for k, step in enumerate(stream):
         stats = plain.rms_state(stream[k + 1]["obs_rms"] if k + 1 < len(stream) else trace.final["obs_rms"])
@@ -157,7 +198,7 @@ def test_storage_and_normalisation_follow_the_stream_and_the_final_observation_s
 
 
 def test_gae_bootstraps_truncations_from_the_final_observation_and_each_minibatch_steps_on_its_loss(probed):
-    trace, _ = probed
+    trace = probed[0]
     for iteration in (5, 6):
         updates = [entry for entry in trace.backward if entry["iteration"] == iteration]
         first, where = updates[0], f"iteration {iteration}"
@@ -488,6 +529,13 @@ def test_isaacgym_adapter_splits_reset_buffer_into_terminations_and_truncations(
         (["--num-steps", "-1"], ["--num-steps must be positive"]),
         (["--total-timesteps", "100"], ["less than one batch"]),
         (["--capture-video"], ["not supported"]),
+        (
+            ["--simulator", "envpool", "--env-id", "Anymal"],
+            ["unknown task 'Anymal' for envpool", "known tasks: Ant, Humanoid, Hopper"],
+        ),
+        (["--simulator", "gymnasium", "--env-id", "Ant-v5"], ["unknown task 'Ant-v5' for gymnasium", "--env-id Ant)"]),
+        (["--simulator", "envpool", "--njmax", "8"], ["size MuJoCo Warp's buffers; envpool sizes its own"]),
+        (["--simulator", "envpool", "--envpool-threads", "-1"], ["--envpool-threads must be 0"]),
     ],
 )
 def test_validate_rejects_bad_arguments_in_one_line(capsys, flags, fragments):
@@ -503,12 +551,33 @@ def test_validate_rejects_bad_arguments_in_one_line(capsys, flags, fragments):
         assert fragment in lines[0], lines[0]
 
 
+def test_a_missing_envpool_is_named_in_one_line(capsys, monkeypatch):
+    import importlib.util
+
+    import tyro
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "envpool" else find_spec(name, *a)
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        pig.validate(tyro.cli(pig.Args, args=["--simulator", "envpool"]))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1, lines
+    assert "--simulator envpool needs the envpool package" in lines[0] and "uv sync --extra envpool" in lines[0]
+
+
 def test_bad_input_exits_before_any_work(workdir):
     assert_bad_input(
         run_script(SCRIPT, "--env-id", "Pendulum", cwd=workdir), workdir, "unknown task 'Pendulum'", "known tasks: Ant"
     )
     assert_bad_input(
         run_script(SCRIPT, "--simulator", "isaacgym", cwd=workdir), workdir, "pip install NVIDIA's Isaac Gym"
+    )
+    assert_bad_input(
+        run_script(SCRIPT, "--simulator", "envpool", "--env-id", "Pendulum", cwd=workdir),
+        workdir,
+        "unknown task 'Pendulum' for envpool",
     )
 
 
@@ -656,3 +725,87 @@ def test_on_a_cpu_the_run_names_its_device_stays_quiet_and_answers_sigterm_midwa
     assert final["global_step"] == straight["global_step"] == 8192
     for key in ("agent", "obs_rms", "optimizer", "envs", "next_obs", "rng"):
         assert_same(final[key], straight[key], key)
+
+
+# --- the CPU simulators: envpool and gymnasium ----------------------------------------------------------------
+# The straight runs of HOPPER_FLAGS on each (saving and evaluating the model), a run SIGKILLed at its first checkpoint
+# and resumed: gymnasium's state is saved, so the resumed run is the uninterrupted one exactly; envpool's is not, so it
+# says so and starts fresh episodes, while the networks, the optimiser, the statistics and the counters continue.
+CPU_FLAGS = [*HOPPER_FLAGS, "--save-model", "--eval-episodes", "2"]
+
+
+@pytest.fixture(scope="module")
+def cpu_runs(tmp_path_factory) -> dict:
+    runs = {}
+    for simulator in CPU_SIMULATORS:
+        cwd = tmp_path_factory.mktemp(simulator)
+        result = run_script(SCRIPT, "--simulator", simulator, *CPU_FLAGS, cwd=cwd)
+        assert result.returncode == 0, result.stderr
+        (run_dir,) = run_dirs(cwd)
+        runs[simulator] = (run_dir, result.stdout)
+    return runs
+
+
+@pytest.mark.parametrize("simulator", CPU_SIMULATORS)
+def test_smoke_cpu_simulators_train_save_and_evaluate(cpu_runs, simulator):
+    run_dir, stdout = cpu_runs[simulator]
+    name = {"envpool": "envpool (C++ MuJoCo)", "gymnasium": "gymnasium (SyncVectorEnv)"}[simulator]
+    assert stdout.splitlines()[0] == f"simulator: {name}, task Hopper, 8 environments", stdout
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, [*PPO_KEYS, "eval/episodic_return"])
+    assert len(scalars["losses/value_loss"]) == 4 and len(scalars["eval/episodic_return"]) == 2
+    checkpoint = load(run_dir / "checkpoint.pt")
+    assert checkpoint["global_step"] == 512 and (checkpoint["envs"] is None) == (simulator == "envpool")
+    assert load(run_dir / MODEL)["simulator"] == simulator
+
+
+def test_gymnasium_sigkill_then_resume_reproduces_the_uninterrupted_run(cpu_runs, tmp_path):
+    straight_dir = cpu_runs["gymnasium"][0]
+    flags = ["--simulator", "gymnasium", *CPU_FLAGS]
+    run_dir = kill_at_first_checkpoint(SCRIPT, flags, tmp_path)
+    assert load(run_dir / "checkpoint.pt")["global_step"] < 512
+    resumed = run_script(SCRIPT, *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "not in the checkpoint" not in resumed.stdout and run_dirs(tmp_path) == [run_dir]
+    final, straight = load(run_dir / "checkpoint.pt"), load(straight_dir / "checkpoint.pt")
+    for key in ("agent", "obs_rms", "optimizer", "next_obs", "global_step", "iteration"):
+        assert_same(final[key], straight[key], key)
+    # The simulators' states and the episode statistics (the wrappers' pickle is not byte-identical once restored).
+    for key in ("episode_return", "episode_length"):
+        assert_same(final["envs"][key], straight["envs"][key], key)
+    assert_same(final["envs"]["envs"]["simulators"], straight["envs"]["envs"]["simulators"], "simulators")
+    scalars, straight_scalars = read_scalars(run_dir), read_scalars(straight_dir)
+    for key in sorted(set(straight_scalars) - {"charts/SPS", "perf/peak_memory_gb"}):
+        assert scalars[key] == straight_scalars[key], key
+
+
+def test_envpool_sigkill_then_resume_says_so_and_continues_all_but_the_episodes(tmp_path):
+    flags = ["--simulator", "envpool", *CPU_FLAGS]
+    run_dir = kill_at_first_checkpoint(SCRIPT, flags, tmp_path)
+    killed = load(run_dir / "checkpoint.pt")
+    assert killed["envs"] is None and killed["global_step"] < 512
+    resumed = run_script(SCRIPT, *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    line = "envpool's state is not in the checkpoint: resuming with freshly reset environments"
+    assert resumed.stdout.count(line) == 1, resumed.stdout
+    assert run_dirs(tmp_path) == [run_dir]
+    final = load(run_dir / "checkpoint.pt")
+    remaining = 512 - killed["global_step"]
+    assert final["global_step"] == 512 and final["iteration"] == 4
+    # The optimiser continues (4 minibatch steps per iteration) and so do the statistics (the fresh episodes' first
+    # observations, then every step's).
+    steps = [state["step"].item() for state in final["optimizer"]["state"].values()]
+    killed_steps = [state["step"].item() for state in killed["optimizer"]["state"].values()]
+    assert steps == [k + remaining // 128 * 4 for k in killed_steps]
+    assert final["obs_rms"]["count"].item() == pytest.approx(killed["obs_rms"]["count"].item() + 8 + remaining)
+
+
+def test_a_resumed_envpool_run_acts_with_the_saved_networks_and_statistics(envpool_probed):
+    trace, _, checkpoint = envpool_probed
+    assert "envpool's state is not in the checkpoint: resuming with freshly reset environments" in trace.stdout
+    first_update = trace.backward[0]
+    assert first_update["iteration"] == 5
+    assert_same(first_update["agent"], checkpoint["agent"], "agent")  # no update yet: the saved networks
+    first_step = next(entry for entry in trace.steps if entry["step"] > 512)
+    # The statistics the first action was normalised with: the saved ones, merged with the fresh reset observations.
+    assert first_step["obs_rms"]["count"].item() == pytest.approx(checkpoint["obs_rms"]["count"].item() + 8)
