@@ -179,22 +179,26 @@ AT_BACKWARD = ["obs", "actions", "rewards", "discounts", "next_obs", "smoothing_
 AT_BACKWARD += ["critic_updates", "actor_loss", "obs_normalizer", "rb", "weights", "global_step"]
 GRADS = ["qnet", "qnet_target", "actor"]
 GAMMA, TAU, N_STEPS, LOW, HIGH = 0.9, 0.1, 3, np.array([-1.0, 0.0]), np.array([2.0, 5.0])
+# The same loop and checks on envpool's C++ InvertedDoublePendulum (its pole falls within ~7-11 steps under these small
+# actions: terminations) with a 9-step time limit (tests/probe_short_episodes.py: truncations).
+ENVPOOL_PROBE_FLAGS = ["--simulator", "envpool", "--env-id", "InvertedDoublePendulum", *PROBE_FLAGS[4:]]
 
 
-@pytest.fixture(scope="module")
-def probed(tmp_path_factory):
+@pytest.fixture(scope="module", params=["gymnasium", "envpool"])
+def probed(request, tmp_path_factory):
     from probe import probe_script
 
-    cwd = tmp_path_factory.mktemp("probe")
+    cwd = tmp_path_factory.mktemp(f"probe-{request.param}")
     trace = probe_script(
         SCRIPT,
-        PROBE_FLAGS,
+        PROBE_FLAGS if request.param == "gymnasium" else ENVPOOL_PROBE_FLAGS,
         cwd,
         watch=STEP_NAMES,
         at_backward=AT_BACKWARD,
         grads=GRADS,
         final=["rb"],
-        preload=["probe_box_envs"],
+        preload=["probe_box_envs", "probe_short_episodes"],
+        env=script_env(PROBE_MAX_EPISODE_STEPS="9" if request.param == "envpool" else "8"),
     )
     return trace, cwd
 
@@ -537,6 +541,14 @@ def test_mujoco_warp_smoke_saves_and_evaluates(workdir):
             ["unknown task 'Hopper-v5'", "--simulator gymnasium"],
         ),
         (["--simulator", "gymnasium", "--env-id", "Pendulum-v1", "--buffer-size", "10000000000"], ["replay buffer"]),
+        (
+            ["--simulator", "envpool", "--env-id", "Pendulum"],
+            ["unknown task 'Pendulum' for envpool", "known tasks: Ant"],
+        ),
+        (
+            ["--simulator", "envpool", "--env-id", "Hopper-v5"],
+            ["unknown task 'Hopper-v5' for envpool", "--env-id Hopper;"],
+        ),
     ],
 )
 def test_bad_input_fails_in_one_line(workdir, flags, fragments):
@@ -600,3 +612,65 @@ def test_a_time_limit_stops_training_and_still_saves_and_evaluates(workdir):
     scalars = read_scalars(run_dir)
     last_step = max(step for step, _ in scalars["charts/SPS"])
     assert 100 < last_step < 10_000_000 and len(scalars["eval/episodic_return"]) == 1
+
+
+# --- envpool and the task names ------------------------------------------------------------------------------------
+
+
+def test_a_missing_envpool_is_named_in_one_line(capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "envpool" else find_spec(name, *a)
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        fast_td3.validate(fast_td3.Args(simulator="envpool", env_id="Ant", **SMALL))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1, lines
+    assert "--simulator envpool needs the envpool package" in lines[0] and "uv sync --extra envpool" in lines[0]
+
+
+def test_task_names_map_onto_v5_ids_and_the_log_interval_scales_with_the_envs():
+    for simulator in ("envpool", "gymnasium"):
+        args = fast_td3.Args(simulator=simulator, env_id="Hopper", **SMALL)
+        fast_td3.validate(args)
+        assert (args.v_min, args.v_max) == pytest.approx((-100.0, 500.0)), simulator  # Hopper's support
+        envs = fast_td3.make_envs(simulator, "Hopper", 2, torch.device("cpu"), 1, vars(args))
+        assert envs.obs_dim == 11 and envs.act_dim == 3, simulator
+        envs.close()
+    assert fast_td3.gymnasium_id("Ant") == "Ant-v5" and fast_td3.gymnasium_id("Pendulum-v1") == "Pendulum-v1"
+    # --log-every: every 100 steps of each environment unless given (102,400 with 1024 envs, 1,600 with 16).
+    for num_envs, expected in ((1024, 102_400), (16, 1_600)):
+        args = fast_td3.Args(simulator="gymnasium", env_id="Pendulum-v1", num_envs=num_envs, batch_size=num_envs)
+        fast_td3.validate(args)
+        assert args.log_every == expected
+    args = fast_td3.Args(simulator="gymnasium", env_id="Pendulum-v1", log_every=50, **SMALL)
+    fast_td3.validate(args)
+    assert args.log_every == 50
+
+
+ENVPOOL_RESUME_FLAGS = ["--simulator", "envpool", "--env-id", "InvertedDoublePendulum", *RESUME_FLAGS[4:]]
+
+
+def test_envpool_sigkill_then_resume_says_so_and_continues_all_but_the_episodes(tmp_path):
+    run_dir = kill_at_first_checkpoint(SCRIPT, ENVPOOL_RESUME_FLAGS, tmp_path)
+    killed = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert killed["envs"] is None and killed["global_step"] == 300
+    resumed = run_script(SCRIPT, *ENVPOOL_RESUME_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    line = "the simulator's state is not in the checkpoint: resuming with freshly reset environments"
+    assert resumed.stdout.count(line) == 1, resumed.stdout
+    assert run_dirs(tmp_path) == [run_dir]
+    final = torch.load(run_dir / "checkpoint.pt", weights_only=False)  # the last one, at step 600
+    steps = (600 - 300) // 2  # steps of each of the 2 envs from the resume to it
+    assert final["global_step"] == 600 and final["critic_updates"] == killed["critic_updates"] + 2 * steps
+    # The replay buffer continues: the saved columns that the new ones (written after them, wrapping around at 300)
+    # have not overwritten are as they were.
+    rb, saved = final["replay_buffer"], killed["replay_buffer"]
+    total = saved["size"] + steps
+    assert rb["size"] == min(total, 300) and rb["pos"] == total % 300
+    kept = slice(max(0, total - 300), saved["size"])
+    assert all(torch.equal(rb[name][:, kept], saved[name][:, kept]) for name in fast_td3.ReplayBuffer.FIELDS)
+    # The statistics continue: every observation acted on after the resume (2 a step) joins the saved ones.
+    assert final["obs_normalizer"]["count"].item() == killed["obs_normalizer"]["count"].item() + 2 * steps
