@@ -696,7 +696,8 @@ if __name__ == "__main__":
                 lr = learning_rate(update, args.learning_rate_init, args.learning_rate_end, decay_updates)
                 for group in (*q_optimizer.param_groups, *actor_optimizer.param_groups):
                     group["lr"] = lr
-                batch = normalized(rb.sample(args.batch_size))
+                raw_batch = rb.sample(args.batch_size)
+                batch = normalized(raw_batch)
                 qf.requires_grad_(False)  # the policy's loss backpropagates through the critics, not into them
                 actor_loss, temperature_loss, entropy = update_actor(batch.obs, torch.randn_like(batch.actions))
                 qf.requires_grad_(True)
