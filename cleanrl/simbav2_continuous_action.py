@@ -627,7 +627,7 @@ if __name__ == "__main__":
         critic of smaller mean at (s', a' ~ pi) from the N(0, I) `noise`, its atoms shifted to the soft Bellman
         target and projected onto the bins), summed over critics. The weights go back onto the sphere. The loss and
         the critics' mean Q-value."""
-        with torch.no_grad():
+        with torch.no_grad():  # the target distribution is held constant
             next_actions, next_log_prob = actor.sample(batch.next_obs, noise)
             next_log_probs = qf_target(batch.next_obs, next_actions)  # [n, batch, bins]
             smaller = qf_target.expected_q(next_log_probs).argmin(0)  # [batch]: the critic of the smaller mean

@@ -470,7 +470,7 @@ def test_every_step_is_adam_at_the_scheduled_rate_then_the_projection_onto_the_s
 # --- runs ------------------------------------------------------------------------------------------------------------
 TINY = ["--env-id", "Pendulum-v1", "--batch-size", "32", "--buffer-size", "500", "--critic-hidden-dim", "16"]
 TINY += ["--actor-hidden-dim", "8", "--critic-num-blocks", "1", "--num-bins", "21", "--torch-threads", "1"]
-RESUME_FLAGS = [*TINY, "--learning-starts", "150", "--total-timesteps", "600", "--checkpoint-every", "200"]
+RESUME_FLAGS = [*TINY, "--learning-starts", "150", "--total-timesteps", "400", "--checkpoint-every", "150"]
 RESUME_FLAGS += ["--save-model", "--eval-episodes", "1"]
 
 
@@ -487,7 +487,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_and_evaluates_the_
     assert "evaluation over 1 episodes" in result.stdout
     run_dir = kill_at_first_checkpoint(SCRIPT, RESUME_FLAGS, interrupted)
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert checkpoint["global_step"] in (200, 400) and checkpoint["replay_buffer"]["size"] == checkpoint["global_step"]
+    assert checkpoint["global_step"] in (150, 300) and checkpoint["replay_buffer"]["size"] == checkpoint["global_step"]
     resumed = run_script(SCRIPT, *RESUME_FLAGS, "--resume", str(run_dir / "checkpoint.pt"), cwd=interrupted)
     assert resumed.returncode == 0, resumed.stderr
     assert run_dirs(interrupted) == [run_dir]
