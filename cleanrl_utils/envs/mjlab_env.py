@@ -141,9 +141,11 @@ class MjlabVecEnv:
         self.action_high = torch.full((self.act_dim,), bound, device=device)
         self.episode_return = torch.zeros(num_envs, device=device)
         self.episode_length = torch.zeros(num_envs, dtype=torch.int32, device=device)
-        self.critic_obs: Optional[torch.Tensor] = None
-        self.obs_dim = self.reset().shape[1]
-        self.critic_obs_dim = None if self.critic_obs is None else self.critic_obs.shape[1]
+        self.critic_obs: Optional[torch.Tensor] = None  # set by reset() and step()
+        # The sizes without a reset here (a reset draws from mjlab's generators): the first is the caller's.
+        group_dim = self.env.observation_manager.group_obs_dim
+        self.obs_dim = sum(group_dim[group][0] for group in self.actor_groups)
+        self.critic_obs_dim = None if self.critic_groups is None else sum(group_dim[g][0] for g in self.critic_groups)
 
     def _split(self, obs: Dict[str, torch.Tensor]):
         """The policy's and the value function's observations from mjlab's observation groups."""
@@ -167,8 +169,8 @@ class MjlabVecEnv:
             actions = actions.clamp(-self.clip_actions, self.clip_actions)
         obs, reward, terminated, truncated, _ = self.env.step(actions)
         final_obs, final_critic_obs = self._split(obs)
-        reward = reward.to(self.device)
-        terminated, truncated = terminated.to(self.device), truncated.to(self.device)
+        # mjlab reuses these buffers at its next step: copies, on the training device
+        reward, terminated, truncated = (x.to(self.device, copy=True) for x in (reward, terminated, truncated))
         if self.finite_horizon:
             terminated, truncated = terminated | truncated, torch.zeros_like(truncated)
         done = terminated | truncated
