@@ -522,7 +522,8 @@ class ReplayBuffer:
         return self.fields(torch.index_select(self.data, 0, indices))
 
     def state_dict(self) -> dict:
-        return {"data": self.data[: self.size].cpu(), "pos": self.pos, "size": self.size}
+        # clone: a slice saved as it is would write the whole buffer's storage (the empty rows too)
+        return {"data": self.data[: self.size].cpu().clone(), "pos": self.pos, "size": self.size}
 
     def load_state_dict(self, state: dict) -> None:
         self.pos, self.size = state["pos"], state["size"]
