@@ -8,7 +8,8 @@
 #               PendulumNoVel-v1 (Pendulum-v1 through the LSTM script's HideVelocities wrapper), with the same
 #               settings (its minibatches: 4 of 512 shuffled steps)
 #   random      benchmark/random_policy_box.py on Pendulum-v1 (a random policy does not read the observation)
-#   table       benchmark/results/ppo_continuous_action_lstm.md and .png from the archived runs
+#   table       benchmark/results/ppo_continuous_action_lstm.md (the table; the text below it is written by hand) and
+#               .png from the archived runs
 # Killed, the same command continues: finished runs are skipped, the others resume from their last checkpoint.
 #     bash benchmark/ppo_continuous_action_lstm.sh [lstm] [memoryless] [random] [table]
 set -euo pipefail
@@ -34,7 +35,17 @@ for part in "${parts[@]}"; do
         runs+=(benchmark/runs/PendulumNoVel-v1__ppo_continuous_action__[123]__*)
         runs+=(benchmark/runs/Pendulum-v1__random_policy__[123]__*)
         $PY -m cleanrl_utils.results "${runs[@]}" --output benchmark/results/ppo_continuous_action_lstm
-        $PY -m cleanrl_utils.plot "${runs[@]}" --output benchmark/results/ppo_continuous_action_lstm.png ;;
+        # The curves on one panel: the memoryless runs' copies labelled Pendulum-v1, the task the LSTM runs saw
+        # (Pendulum-v1 through the same HideVelocities wrapper); the table above keeps their own id.
+        labelled=$(mktemp -d)
+        for archive in benchmark/runs/PendulumNoVel-v1__ppo_continuous_action__[123]__*.tar.xz; do
+            tar -xJf "$archive" -C "$labelled"
+        done
+        sed -i 's/"env_id": "PendulumNoVel-v1"/"env_id": "Pendulum-v1"/' "$labelled"/*/args.json
+        curves=(benchmark/runs/Pendulum-v1__ppo_continuous_action_lstm__[123]__* "$labelled"/*)
+        curves+=(benchmark/runs/Pendulum-v1__random_policy__[123]__*)
+        $PY -m cleanrl_utils.plot "${curves[@]}" --smoothing 0.6 --output benchmark/results/ppo_continuous_action_lstm.png
+        rm -r "$labelled" ;;
     *) echo "unknown part: $part (lstm, memoryless, random, table)" >&2; exit 2 ;;
     esac
 done
