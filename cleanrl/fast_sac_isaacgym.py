@@ -11,8 +11,10 @@ alpha 0.001), eight critic updates and two policy updates per step on batches of
 0.95) and weight decay 0.001, `--amp` (bf16) and `--compile`.
 
 Action space: a one-dimensional Box (the policy acts in [-1, 1], mapped onto the bounds). `--simulator`: MuJoCo Warp
-(Ant, Humanoid, Hopper, HalfCheetah, Walker2d; default unless Isaac Gym is importable), Isaac Gym, or gymnasium's CPU
-vector envs (cleanrl_utils/envs/). Checkpoints hold the replay buffer and the simulator's state (not Isaac Gym's).
+(Ant, Humanoid, Hopper, HalfCheetah, Walker2d; default unless Isaac Gym is importable), Isaac Gym, envpool's C++ MuJoCo
+tasks (the same names onto its v5 ids, Ant -> Ant-v5; the fastest on a CPU), or gymnasium's CPU vector envs (those
+names onto v5 ids too, or any gymnasium id) (cleanrl_utils/envs/). Checkpoints hold the replay buffer and the
+simulator's state (not Isaac Gym's nor envpool's: a resumed run on those says so and starts fresh episodes).
 
     uv run python cleanrl/fast_sac_isaacgym.py --env-id Humanoid
     uv run python cleanrl/fast_sac_isaacgym.py --simulator gymnasium --env-id Hopper-v5 --num-envs 16 \\
@@ -45,6 +47,7 @@ import torch.nn as nn
 import tyro
 
 from cleanrl_utils.checkpoint import load_model
+from cleanrl_utils.envs.envpool_mujoco_env import ENVPOOL_TASKS, EnvPoolMuJoCoVecEnv
 from cleanrl_utils.envs.gymnasium_vec_env import GymnasiumVecEnv
 from cleanrl_utils.envs.isaacgym_env import ISAACGYM_INSTALL, IsaacGymVecEnv, isaacgym_available, isaacgym_tasks
 from cleanrl_utils.envs.mujoco_warp_env import WARP_TASKS, MuJoCoWarpVecEnv
@@ -79,13 +82,18 @@ class Args:
     resume: Optional[str] = None
     """path of a checkpoint to continue from (run the original command with this flag added)"""
     env_id: str = "Humanoid"
-    """the task: MuJoCo Warp's (Ant, Humanoid, Hopper, HalfCheetah, Walker2d), Isaac Gym's, or a gymnasium id"""
+    """the task: MuJoCo Warp's (Ant, Humanoid, Hopper, HalfCheetah, Walker2d), Isaac Gym's, envpool's (those and
+    HumanoidStandup, InvertedDoublePendulum, InvertedPendulum, Pusher, Reacher, Swimmer, onto v5 ids: Ant -> Ant-v5),
+    or for gymnasium those names (onto v5 ids) or a gymnasium id"""
     total_timesteps: int = 100000000
     """total timesteps of the experiment (over all environments)"""
 
     # Algorithm specific arguments
-    simulator: Literal["auto", "isaacgym", "mujoco-warp", "gymnasium"] = "auto"
-    """the simulator: auto takes Isaac Gym when it is importable, MuJoCo Warp otherwise"""
+    simulator: Literal["auto", "isaacgym", "mujoco-warp", "envpool", "gymnasium"] = "auto"
+    """the simulator: auto takes Isaac Gym when it is importable, MuJoCo Warp otherwise; envpool (C++ MuJoCo, the
+    fastest on a CPU) and gymnasium (SyncVectorEnv) run on the CPU"""
+    envpool_threads: int = 0
+    """envpool: its worker threads (0: envpool's choice, one per core)"""
     nconmax: Optional[int] = None
     """MuJoCo Warp: contact slots per world, pooled across worlds (None: the task's default in WARP_TASKS)"""
     njmax: Optional[int] = None
@@ -142,9 +150,9 @@ class Args:
     """if toggled, run the networks in bf16 autocast (the authors' GPU setting; parameters and storage stay float32)"""
     compile: bool = False
     """if toggled, compile the updates and the policy step with torch.compile (meant for GPUs)"""
-    log_every: int = 102400
-    """read losses and episode statistics back to the host every this many steps of all environments (a host sync:
-    the default is every 100 steps of the default 1024 environments)"""
+    log_every: Optional[int] = None
+    """read losses and episode statistics back to the host every this many steps of all environments (a host sync;
+    None: every 100 steps of each environment, num_envs x 100: 102,400 with 1024 environments, 1,600 with 16)"""
     time_limit_seconds: float = 0.0
     """stop training after this many seconds of wall-clock time (0: no limit); for comparisons at equal wall time"""
     eval_episodes: int = 10
@@ -181,11 +189,18 @@ def resolve_simulator(simulator: str) -> str:
     return simulator
 
 
+def gymnasium_id(env_id: str) -> str:
+    """gymnasium's id for a task name (Ant -> Ant-v5); a gymnasium id as it is."""
+    return ENVPOOL_TASKS.get(env_id, env_id)
+
+
 def make_envs(simulator: str, env_id: str, num_envs: int, device: torch.device, seed: int, args: dict):
     if simulator == "isaacgym":
         return IsaacGymVecEnv(env_id, num_envs, device, seed)
+    if simulator == "envpool":
+        return EnvPoolMuJoCoVecEnv(env_id, num_envs, device, seed, num_threads=args.get("envpool_threads", 0))
     if simulator == "gymnasium":
-        return GymnasiumVecEnv(env_id, num_envs, device, seed)
+        return GymnasiumVecEnv(gymnasium_id(env_id), num_envs, device, seed)
     return MuJoCoWarpVecEnv(env_id, num_envs, device, seed, nconmax=args.get("nconmax"), njmax=args.get("njmax"))
 
 
@@ -199,9 +214,12 @@ def validate(args: Args) -> str:
     """Check the arguments and the simulator before any work; fail in one line. Returns the simulator that will run."""
     positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "n_steps", "num_updates", "num_atoms")
     check_positive(**{name: getattr(args, name) for name in positive})
+    if args.log_every is None:  # every 100 steps of each environment
+        args.log_every = 100 * args.num_envs
     check_positive(policy_frequency=args.policy_frequency, log_every=args.log_every, eval_episodes=args.eval_episodes)
     check_positive(critic_hidden=args.critic_hidden, actor_hidden=args.actor_hidden, alpha_init=args.alpha_init)
     non_negative = ("checkpoint_every", "learning_starts", "torch_threads", "max_grad_norm", "weight_decay")
+    non_negative += ("envpool_threads",)
     for name in non_negative + ("time_limit_seconds",):
         if getattr(args, name) < 0:
             fail(f"--{name.replace('_', '-')} must be 0 or positive, got {getattr(args, name)}")
@@ -229,11 +247,13 @@ def validate(args: Args) -> str:
         fail(ISAACGYM_INSTALL)
     if simulator == "mujoco-warp" and importlib.util.find_spec("mujoco_warp") is None:
         fail("--simulator mujoco-warp needs the mujoco-warp package (Python >= 3.11): uv sync")
+    if simulator == "envpool" and importlib.util.find_spec("envpool") is None:
+        fail("--simulator envpool needs the envpool package (Python >= 3.11): uv sync --extra envpool")
     if simulator == "gymnasium":
         import gymnasium as gym
 
-        check_env_id(args.env_id)
-        probe = gym.make(args.env_id)
+        check_env_id(gymnasium_id(args.env_id))
+        probe = gym.make(gymnasium_id(args.env_id))
         action_space, observation_space = probe.action_space, probe.observation_space
         probe.close()
         box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
@@ -243,10 +263,12 @@ def validate(args: Args) -> str:
             fail(f"fast_sac_isaacgym.py needs Box observations; {args.env_id} has {observation_space}")
         obs_dim, act_dim = int(np.prod(observation_space.shape)), int(action_space.shape[0])
     else:
-        tasks = list(WARP_TASKS) if simulator == "mujoco-warp" else isaacgym_tasks()
+        tasks = {"mujoco-warp": list(WARP_TASKS), "envpool": list(ENVPOOL_TASKS)}.get(simulator) or isaacgym_tasks()
         if args.env_id not in tasks:
             known = ", ".join(tasks)
-            fail(f"unknown task {args.env_id!r} for {simulator}; known tasks: {known} (or --simulator gymnasium)")
+            name = args.env_id.split("-v")[0]
+            hint = f"--env-id {name}; " if name in tasks else ""
+            fail(f"unknown task {args.env_id!r} for {simulator}; known tasks: {known} ({hint}or --simulator gymnasium)")
         obs_dim, act_dim = 400, 30  # the largest of the tasks (Humanoid's 348 observations, 17 actions), for the check
     device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
     check_fits(replay_nbytes(args, obs_dim, act_dim), device, "replay buffer", "--buffer-size")

@@ -3,8 +3,8 @@ its direction, the projection of the soft target against a plain loop, the repla
 own loop under tests/probe.py on gymnasium's path (stored rows, actions sampled from the policy with the noise drawn,
 every critic, temperature and policy gradient against float64 references with the targets held constant, no gradient
 into the target critics, the critics and the temperature unmoved by the policy step, Polyak averaging); SIGKILL + exact
-resume with the saved model's evaluation; --amp; bad input. MuJoCo Warp: the GPU runbook item's tiny CPU run
-(tests/test_gpu_kit.py), beside fast_td3's own smoke of the same adapter."""
+resume with the saved model's evaluation; envpool's smoke; --amp; bad input. MuJoCo Warp: the GPU runbook item's tiny
+CPU run (tests/test_gpu_kit.py), beside fast_td3's own smoke of the same adapter."""
 
 from __future__ import annotations
 
@@ -403,6 +403,21 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert all(torch.equal(a[key], b[key]) for key in a)
 
 
+def test_envpool_smoke_saves_and_evaluates_and_task_names_map_onto_v5_ids(workdir):
+    flags = ["--simulator", "envpool", "--env-id", "Hopper", "--num-envs", "4", "--buffer-size", "100"]
+    flags += ["--batch-size", "32", "--learning-starts", "200", "--total-timesteps", "400", "--critic-hidden", "32"]
+    flags += ["--actor-hidden", "16", "--num-updates", "2", "--policy-frequency", "2", "--save-model"]
+    flags += ["--eval-episodes", "2", "--torch-threads", "1"]
+    result = run_script(SCRIPT, *flags, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert "simulator: envpool, task Hopper" in result.stdout
+    (run_dir,) = run_dirs(workdir)
+    scalars = read_scalars(run_dir)
+    assert_finite_keys(scalars, ["losses/qf1_loss", "losses/alpha_loss", "losses/actor_loss", "eval/episodic_return"])
+    assert len(scalars["eval/episodic_return"]) == 2
+    assert fast_sac.gymnasium_id("Hopper") == "Hopper-v5" and fast_sac.gymnasium_id("Pendulum-v1") == "Pendulum-v1"
+
+
 def test_amp_trains_in_bf16_autocast_and_keeps_everything_stored_in_float32(workdir):
     flags = ["--simulator", "gymnasium", "--env-id", "Pendulum-v1", "--num-envs", "2", "--buffer-size", "200"]
     flags += ["--batch-size", "32", "--learning-starts", "100", "--total-timesteps", "200", "--critic-hidden", "32"]
@@ -427,6 +442,7 @@ def test_amp_trains_in_bf16_autocast_and_keeps_everything_stored_in_float32(work
             ["unknown task 'Hopper-v5'", "--simulator gymnasium"],
         ),
         (["--simulator", "gymnasium", "--env-id", "Pendulum-v1", "--buffer-size", "10000000000"], ["replay buffer"]),
+        (["--simulator", "envpool", "--env-id", "Hopper-v5"], ["unknown task 'Hopper-v5'", "--env-id Hopper;"]),
     ],
 )
 def test_bad_input_fails_in_one_line(workdir, flags, fragments):
