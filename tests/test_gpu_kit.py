@@ -264,6 +264,11 @@ def check_fast_td3(results: Path) -> None:
         assert "Traceback" not in text and "64/64 steps (100%)" in text, text[-2000:]
 
 
+def check_fast_sac(results: Path) -> None:
+    text = (results / "fast_sac_gpu_Hopper.log").read_text()
+    assert "Traceback" not in text and "64/64 steps (100%)" in text, text[-2000:]
+
+
 def check_amp(results: Path) -> None:
     table = (results / "amp_tiny.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| ppo_atari | MinAtar/Breakout-v1 |"))
@@ -283,6 +288,7 @@ RUN_ALL_ITEMS = {
     "pixels": check_pixels,
     "impala": check_impala,
     "fast_td3": check_fast_td3,
+    "fast_sac": check_fast_sac,
     "amp": check_amp,
 }
 

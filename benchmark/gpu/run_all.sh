@@ -17,6 +17,8 @@
 #                       the items above left the time (alone: bash benchmark/impala_gpu.sh, 180 s)
 #   fast_td3       360  fast_td3_isaacgym beside ppo_isaacgym on Ant and Humanoid, 75 s of training each
 #                       (FAST_TD3_SECONDS): a lease of its own once the items above are committed (SKIP them)
+#   fast_sac       180  fast_sac_isaacgym on Ant and Humanoid, 75 s of training each (FAST_SAC_SECONDS), tabled beside
+#                       the fast_td3 item's runs of the same lease (same card)
 #   amp            240  ppo_atari, ppo_atari_envpool, dqn_atari, ppo_procgen, ppg_procgen without and with --amp (bf16
 #                       autocast): short fixed step budgets, each run capped at 20-30 s (AMP_SECONDS: one cap for all)
 # An item that would end past DEADLINE (570 s after the start) is skipped and says so; one that fails is reported
@@ -30,7 +32,7 @@ case "${1:-}" in
 "") ;;
 *) echo "error: run_all.sh takes no argument but --tiny, got $1" >&2 && exit 2 ;;
 esac
-items="ppo_isaacgym compile_table mappo stock_trading elegant pixels impala fast_td3 amp"
+items="ppo_isaacgym compile_table mappo stock_trading elegant pixels impala fast_td3 fast_sac amp"
 for name in ${ONLY:-}; do
     [[ " $items " == *" $name "* ]] || { echo "error: ONLY names $name; the items are: $items" >&2 && exit 2; }
 done
@@ -70,6 +72,7 @@ if ((tiny)); then
     item pixels 0 bash benchmark/pixels_gpu.sh
     item impala 0 env TINY=1 bash benchmark/impala_gpu.sh
     item fast_td3 0 bash benchmark/fast_td3_gpu.sh
+    item fast_sac 0 bash benchmark/fast_sac_gpu.sh
     item amp 0 "$PYTHON" benchmark/gpu/amp_table.py --tiny
 else
     $PYTHON -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())" ||
@@ -85,6 +88,7 @@ else
     item pixels 45 env SECONDS_PER_RUN="${PIXELS_SECONDS:-10}" bash benchmark/pixels_gpu.sh
     item impala 75 env SECONDS_PER_RUN="${IMPALA_SECONDS:-60}" bash benchmark/impala_gpu.sh
     item fast_td3 360 env SECONDS_PER_RUN="${FAST_TD3_SECONDS:-75}" bash benchmark/fast_td3_gpu.sh
+    item fast_sac 180 env SECONDS_PER_RUN="${FAST_SAC_SECONDS:-75}" bash benchmark/fast_sac_gpu.sh
     item amp 240 "$PYTHON" benchmark/gpu/amp_table.py ${AMP_SECONDS:+--seconds "$AMP_SECONDS"}
 fi
 
