@@ -2,7 +2,7 @@
 hypersphere, with a distributional (categorical) critic trained on normalised rewards.
 
 Lee et al. 2025, "Hyperspherical Normalization for Scalable Deep Reinforcement Learning" (https://arxiv.org/abs/
-2503.15089; the authors' JAX code, github.com/dojeon-ai/SimbaV2, read beside it). The input, with a constant c_shift
+2502.15280; the authors' JAX code, github.com/dojeon-ai/SimbaV2, read beside it). The input, with a constant c_shift
 appended, is projected onto the sphere, embedded, and passed through residual blocks that move along the sphere by a
 learned linear interpolation (LERP) towards an MLP's output; the weights W of every such layer are projected back
 onto the sphere after every optimiser step, and learned scalers carry the scale that normalisation removes. The
@@ -10,10 +10,9 @@ critic predicts a 101-bin categorical distribution on [-5, 5] of the return of r
 scale of the discounted return; two critics, the target from the one whose mean is smaller. The authors' MuJoCo
 settings are the defaults: actor 1 block of 128, critic 2 blocks of 512, Adam with its rate decaying linearly from
 1e-4 to 5e-5, one update per environment step, temperature from 0.01 towards an entropy of -|A|/2, gamma from the
-episode length (0.995 for 1000 steps). Ours differs in: a truncation bootstraps from the true final observation
-(theirs too) but the statistics take the step's own observation and reward at once (theirs one step later); the
-critics are one stacked module; the bin projection clamps its index (their one-hot drops mass rounded past the
-last bin).
+episode length (0.995 for 1000 steps). Ours differs in: the observation and reward statistics take each step's
+observation and reward at that step (the authors' wrappers one step later); the critics are one stacked module (their
+nn.vmap); the bin projection clamps its index (their one-hot drops mass that rounding puts past the last bin).
 
 Action space: a bounded 1-D Box; environments as sac_continuous_action.py (MuJoCo, dm_control, Pendulum ...).
 
