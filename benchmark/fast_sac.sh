@@ -15,7 +15,10 @@
 #
 # All with --torch-threads 1: two runs share the machine's two cores (WORKERS=2). Scored on the last 10 entries of
 # charts/episodic_return, as fast_td3.md is (fast_sac logs the mean of the episodes that ended in each 100 steps).
-# Measured here: ~NN SPS for fast_sac (see benchmark/results/fast_sac.md): the 3 seeds take ~HH hours of one core.
+# Cost, measured here (2026-12-07, this 2-core machine under a load average of ~5, one torch thread): a 2-minute smoke
+# (--time-limit-seconds 120) ran the 5k acting steps at ~1,300 SPS, then learned at 23 SPS (5,440 -> 7,680 steps in
+# 96 s; fast_td3's runs, 2 critic updates a step, made 102): 100k steps take ~70 min a seed, the 3 seeds ~3.5 h of one
+# core (WORKERS=2: ~1.8 h on two). Not run yet.
 # Finished runs are archived to benchmark/runs (commit them); stopped, the same command continues each run from its
 # latest checkpoint (--checkpoint-every 10000).
 set -euo pipefail
