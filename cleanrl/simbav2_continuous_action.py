@@ -521,8 +521,7 @@ class ReplayBuffer:
         return self.fields(torch.index_select(self.data, 0, indices))
 
     def state_dict(self) -> dict:
-        # clone: a slice saved as it is would write the whole buffer's storage (the empty rows too)
-        return {"data": self.data[: self.size].cpu().clone(), "pos": self.pos, "size": self.size}
+        return {"data": self.data[: self.size].cpu(), "pos": self.pos, "size": self.size}
 
     def load_state_dict(self, state: dict) -> None:
         self.pos, self.size = state["pos"], state["size"]

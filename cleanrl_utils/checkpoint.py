@@ -26,6 +26,7 @@ What a resumed CPU run gets, per environment family (tests/test_resume_families.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import errno
 import importlib.util
@@ -99,10 +100,35 @@ class _KeepWriteError:
         self.file.flush()
 
 
+def without_spare_storage(obj):
+    """`obj` with every tensor that views less than half of its storage replaced by a copy of its own elements, inside
+    dicts, lists and tuples (their types and attributes kept: a state_dict's _metadata). torch.save writes a tensor's
+    whole storage, so the filled rows of a replay buffer, sliced on the CPU, would carry every empty row with them
+    (100 rows of a 1M x 10 float buffer: 40 MB instead of 4 kB). Past half full the view is written as it is: the
+    copy would then cost more memory than it saves on disk (an Atari buffer's frames are gigabytes)."""
+    if isinstance(obj, torch.Tensor):
+        mostly_spare = 2 * obj.numel() * obj.element_size() < obj.untyped_storage().nbytes()
+        return obj.clone() if mostly_spare else obj
+    if isinstance(obj, (dict, list, tuple)):
+        items = list(obj.items() if isinstance(obj, dict) else enumerate(obj))
+        compacted = {key: without_spare_storage(value) for key, value in items}
+        if all(compacted[key] is value for key, value in items):
+            return obj
+        if isinstance(obj, dict):
+            copied = copy.copy(obj)  # keeps the mapping's type and attributes (OrderedDict, a state_dict's _metadata)
+            copied.update(compacted)
+            return copied
+        values = [compacted[i] for i in range(len(obj))]
+        return type(obj)(*values) if hasattr(obj, "_fields") else type(obj)(values)  # namedtuples too
+    return obj
+
+
 def save_atomic(obj, path: str | os.PathLike) -> None:
     """Write `obj` to `path` so that `path` is always whole: into a temporary file beside it, fsync, rename over it,
     fsync the folder. A full disk (or quota) stops the run in one line, exit code 1, with the temporary file removed
-    and the previous `path`, if any, untouched."""
+    and the previous `path`, if any, untouched. Views of larger storages are written as copies of their elements
+    (without_spare_storage)."""
+    obj = without_spare_storage(obj)
     path = Path(path)
     tmp = temporary_path(path)
     try:

@@ -36,6 +36,24 @@ def test_save_atomic_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypatch
     assert torch.load(path, weights_only=False) == {"step": 3}
 
 
+def test_save_atomic_writes_a_mostly_empty_buffer_view_without_its_empty_rows(tmp_path):
+    """torch.save writes a view's whole storage: 100 filled rows of a 100k-row buffer would take 4 MB."""
+    buffer = torch.arange(100_000 * 10, dtype=torch.float32).view(100_000, 10)
+    model = torch.nn.Linear(3, 2)
+    state = {"buffer": {"data": buffer[:100], "pos": 100}, "model": model.state_dict(), "rows": [buffer[:5], 7]}
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save_atomic(state, path)
+    assert path.stat().st_size < 20_000
+    loaded = torch.load(path, weights_only=False)
+    torch.testing.assert_close(loaded["buffer"]["data"], buffer[:100], rtol=0, atol=0)
+    torch.testing.assert_close(loaded["rows"][0], buffer[:5], rtol=0, atol=0)
+    assert loaded["buffer"]["pos"] == 100 and loaded["rows"][1] == 7
+    assert loaded["model"]._metadata == model.state_dict()._metadata  # the state_dict's version metadata kept
+    assert state["buffer"]["data"].data_ptr() == buffer.data_ptr()  # the caller's objects are not changed
+    half_full = buffer[:60_000]  # past half full: written as it is (a copy would cost more memory than it saves)
+    assert checkpoint.without_spare_storage(half_full) is half_full
+
+
 @dataclass
 class FakeArgs:
     exp_name: str = "ppo"
