@@ -75,6 +75,12 @@ RUNS = {
         300,
         200,
     ),
+    "simbav2_continuous_action.py": (
+        ["--env-id", "Pendulum-v1", *OFF_POLICY_TINY, "--critic-hidden-dim", "16", "--actor-hidden-dim", "8"],
+        300,
+        200,
+    ),
+    "ppo_continuous_action_lstm.py": (["--env-id", "Pendulum-v1", *PPO_TINY, "--lstm-size", "8"], 192, 100),
     "tqc_continuous_action.py": (
         ["--env-id", "Pendulum-v1", *OFF_POLICY_TINY, "--critic-hidden", "32", "--actor-hidden", "16"],
         300,

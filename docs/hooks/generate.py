@@ -63,6 +63,7 @@ FAMILIES = {
         "redq_continuous_action",
         "crossq_continuous_action",
         "tqc_continuous_action",
+        "simbav2_continuous_action",
     ],
     "Pixels": [
         "dqn_atari",
@@ -80,7 +81,7 @@ FAMILIES = {
         "ppo_procgen",
         "ppg_procgen",
     ],
-    "Memory": ["ppo_atari_lstm", "pqn_atari_envpool_lstm", "ppo_trxl"],
+    "Memory": ["ppo_atari_lstm", "pqn_atari_envpool_lstm", "ppo_trxl", "ppo_continuous_action_lstm"],
     "Multi-agent": ["mappo", "qmix", "vdn", "maddpg", "matd3", "ppo_pettingzoo_ma_atari"],
     "GPU simulators": ["ppo_isaacgym", "fast_td3_isaacgym"],
     "ElegantRL's extras": ["ppo_continuous_action_hterm"],
