@@ -35,6 +35,7 @@ import importlib.util
 import io
 import math
 import os
+import warnings
 from typing import Dict, List, Optional
 
 import torch
@@ -45,7 +46,9 @@ from cleanrl_utils.errors import nearest_ids
 def mjlab_tasks() -> List[str]:
     """mjlab's registered task ids (importing mjlab registers them)."""
     os.environ.setdefault("MJLAB_WARP_QUIET", "1")  # no line per Warp kernel compiled
-    import mjlab.tasks  # noqa: F401
+    with warnings.catch_warnings():  # torch's FutureWarning on torch.jit.script in a module mjlab imports
+        warnings.simplefilter("ignore", FutureWarning)
+        import mjlab.tasks  # noqa: F401
     from mjlab.tasks.registry import list_tasks
 
     return list_tasks()
@@ -106,7 +109,7 @@ class MjlabVecEnv:
             from cleanrl_utils.envs.mujoco_warp_env import init_without_cuda_warning
 
             init_without_cuda_warning(wp)
-        import mjlab.tasks  # noqa: F401  (registers the tasks)
+        mjlab_tasks()  # imports mjlab, which registers its tasks
         from mjlab.envs import ManagerBasedRlEnv
         from mjlab.tasks.registry import load_env_cfg, load_rl_cfg
 
