@@ -104,6 +104,13 @@ RUNS = {
         192,
         100,
     ),
+    "fast_sac_isaacgym.py": (
+        ["--simulator", "gymnasium", "--env-id", "Pendulum-v1", "--num-envs", "2", "--buffer-size", "200"]
+        + ["--batch-size", "16", "--learning-starts", "100", "--critic-hidden", "32", "--actor-hidden", "16"]
+        + ["--num-updates", "2", "--policy-frequency", "2"],
+        300,
+        200,
+    ),
     "fast_td3_isaacgym.py": (
         ["--simulator", "gymnasium", "--env-id", "Pendulum-v1", "--num-envs", "2", "--buffer-size", "200"]
         + ["--batch-size", "16", "--learning-starts", "100", "--critic-hidden", "32", "--actor-hidden", "16"],

@@ -83,7 +83,7 @@ FAMILIES = {
     ],
     "Memory": ["ppo_atari_lstm", "pqn_atari_envpool_lstm", "ppo_trxl", "ppo_continuous_action_lstm"],
     "Multi-agent": ["mappo", "qmix", "vdn", "maddpg", "matd3", "ppo_pettingzoo_ma_atari"],
-    "GPU simulators": ["ppo_isaacgym", "fast_td3_isaacgym"],
+    "GPU simulators": ["ppo_isaacgym", "fast_td3_isaacgym", "fast_sac_isaacgym"],
     "ElegantRL's extras": ["ppo_continuous_action_hterm"],
 }
 
