@@ -17,11 +17,16 @@ Action space: a one-dimensional Box. Simulators (`--simulator auto`: Isaac Gym w
   (cleanrl_utils/envs/gymnasium_vec_env.py); its state is saved, so a resumed run continues exactly.
 - Isaac Gym through isaacgymenvs (Ant, Humanoid, Anymal, ShadowHand ...; see the README;
   cleanrl_utils/envs/isaacgym_env.py).
-Isaac Gym's and envpool's states cannot be saved: a resumed run continues with freshly reset environments, says so,
-and resumes everything else (networks, optimiser, statistics, step counters).
+- mjlab (its own uv project, projects/mjlab): its tasks by their ids (Mjlab-Velocity-Flat-Unitree-Go1,
+  Mjlab-Cartpole-Balance ...; cleanrl_utils/envs/mjlab_env.py). As rsl_rl trains them, the policy sees the task's
+  "actor" observations and the value network its "critic" ones (privileged state: an asymmetric actor-critic, each
+  set normalised by its own statistics), and the first episodes start at random points of the time limit.
+Isaac Gym's, envpool's and mjlab's states cannot be saved: a resumed run continues with freshly reset environments,
+says so, and resumes everything else (networks, optimiser, statistics, step counters).
 
     uv run python cleanrl/ppo_isaacgym.py --env-id Ant
     uv run python cleanrl/ppo_isaacgym.py --env-id Ant --simulator envpool   # on a CPU
+    uv run --project projects/mjlab python cleanrl/ppo_isaacgym.py --simulator mjlab --env-id Mjlab-Cartpole-Balance
 
 Expect Isaac Gym Ant ~3,950 after 240 s on a GPU (CleanRL's figure); CPU runs: benchmark/results/ppo_isaacgym_cpu.md.
 """
@@ -58,6 +63,7 @@ from cleanrl_utils.envs.isaacgym_env import (
     isaacgym_available,
     isaacgym_tasks,
 )
+from cleanrl_utils.envs.mjlab_env import MjlabVecEnv, task_problem
 from cleanrl_utils.envs.mujoco_warp_env import WARP_TASKS, MuJoCoWarpVecEnv
 from cleanrl_utils.errors import check_positive, fail
 from cleanrl_utils.run import Run
@@ -97,15 +103,16 @@ class Args:
     """total timesteps of the experiment"""
 
     # Algorithm specific arguments
-    simulator: Literal["auto", "isaacgym", "mujoco-warp", "envpool", "gymnasium"] = "auto"
+    simulator: Literal["auto", "isaacgym", "mujoco-warp", "envpool", "gymnasium", "mjlab"] = "auto"
     """the simulator: auto takes Isaac Gym when it is importable, MuJoCo Warp otherwise; envpool (C++ MuJoCo, the
-    fastest on a CPU) and gymnasium (SyncVectorEnv) run the MuJoCo tasks on the CPU"""
+    fastest on a CPU) and gymnasium (SyncVectorEnv) run the MuJoCo tasks on the CPU; mjlab its robot tasks (run with
+    `uv run --project projects/mjlab`)"""
     envpool_threads: int = 0
     """envpool: its worker threads (0: envpool's choice, one per core)"""
     nconmax: Optional[int] = None
-    """MuJoCo Warp: contact slots per world, pooled across worlds (None: the task's default in WARP_TASKS)"""
+    """MuJoCo Warp and mjlab: contact slots per world, pooled across worlds (None: the task's default)"""
     njmax: Optional[int] = None
-    """MuJoCo Warp: constraint rows per world (None: the task's default in WARP_TASKS)"""
+    """MuJoCo Warp and mjlab: constraint rows per world (None: the task's default)"""
     learning_rate: float = 0.0026
     """the learning rate of the optimizer"""
     num_envs: int = 4096
@@ -178,7 +185,9 @@ def known_tasks(simulator: str) -> List[str]:
 
 
 SIMULATOR_NAMES = {"isaacgym": "Isaac Gym (isaacgymenvs)", "mujoco-warp": "MuJoCo Warp"}
-SIMULATOR_NAMES.update(envpool="envpool (C++ MuJoCo)", gymnasium="gymnasium (SyncVectorEnv)")
+SIMULATOR_NAMES.update(
+    envpool="envpool (C++ MuJoCo)", gymnasium="gymnasium (SyncVectorEnv)", mjlab="mjlab (MuJoCo Warp)"
+)
 
 
 def make_envs(
@@ -190,13 +199,18 @@ def make_envs(
     nconmax: Optional[int] = None,
     njmax: Optional[int] = None,
     envpool_threads: int = 0,
+    random_episode_starts: bool = False,
 ):
+    """random_episode_starts (mjlab; training, not evaluation): the first episodes start at random points of the time
+    limit, as rsl_rl's runner starts mjlab's training, so that the time-outs of thousands of envs spread out."""
     if simulator == "isaacgym":
         return IsaacGymVecEnv(env_id, num_envs, device, seed)
     if simulator == "envpool":
         return EnvPoolMuJoCoVecEnv(env_id, num_envs, device, seed, num_threads=envpool_threads)
     if simulator == "gymnasium":
         return GymnasiumVecEnv(ENVPOOL_TASKS[env_id], num_envs, device, seed)
+    if simulator == "mjlab":
+        return MjlabVecEnv(env_id, num_envs, device, seed, None, random_episode_starts, nconmax, njmax)
     return MuJoCoWarpVecEnv(env_id, num_envs, device, seed, nconmax=nconmax, njmax=njmax)
 
 
@@ -249,8 +263,13 @@ def validate(args: Args) -> str:
         fail("--simulator envpool needs the envpool package (Python >= 3.11): uv sync --extra envpool")
     buffers = {name: getattr(args, name) for name in ("nconmax", "njmax") if getattr(args, name) is not None}
     check_positive(**buffers)
-    if buffers and simulator != "mujoco-warp":
+    if buffers and simulator not in ("mujoco-warp", "mjlab"):
         fail(f"--nconmax and --njmax size MuJoCo Warp's buffers; {simulator} sizes its own: drop them")
+    if simulator == "mjlab":  # mjlab missing, an unknown task, a Tracking task without its motion file ...
+        problem = task_problem(args.env_id, "ppo_isaacgym.py")
+        if problem is not None:
+            fail(problem)
+        return simulator
     tasks = known_tasks(simulator)
     if args.env_id not in tasks:
         hint = (
@@ -310,11 +329,12 @@ def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
 
 class Agent(nn.Module):
     """A Gaussian policy N(mean(obs), exp(logstd)^2) with a state-independent log standard
-    deviation, and a separate value network; both 256x256 tanh MLPs (CleanRL's Isaac Gym PPO)."""
+    deviation, and a separate value network; both 256x256 tanh MLPs (CleanRL's Isaac Gym PPO). critic_obs_dim: the
+    value network's own observations (mjlab's "critic" group), where the simulator has them; else it sees obs."""
 
-    def __init__(self, obs_dim: int, act_dim: int):
+    def __init__(self, obs_dim: int, act_dim: int, critic_obs_dim: Optional[int] = None):
         super().__init__()
-        self.critic = mlp(obs_dim, 1, out_std=1.0)
+        self.critic = mlp(obs_dim if critic_obs_dim is None else critic_obs_dim, 1, out_std=1.0)
         self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.zeros(act_dim))
 
@@ -370,9 +390,10 @@ class Batch(NamedTuple):
     advantages: torch.Tensor
     returns: torch.Tensor
     values: torch.Tensor
+    value_obs: Optional[torch.Tensor] = None  # the value network's own observations (mjlab's critic group); None: obs
 
     def take(self, rows: Union[torch.Tensor, slice]) -> "Batch":
-        return Batch(*(field[rows] for field in self))
+        return Batch(*(None if field is None else field[rows] for field in self))
 
 
 def make_optimizer(agent: Agent, args: Args, device: torch.device) -> torch.optim.Adam:
@@ -388,7 +409,7 @@ def update_minibatch(agent: Agent, optimizer: torch.optim.Optimizer, mb: Batch, 
     """One gradient step of the clipped PPO loss on the minibatch `mb`. Returns its losses and statistics, detached.
     --compile compiles this function as it is (two graphs: up to the backward pass, and the clipping and step)."""
     newlogprob = agent.log_prob(mb.obs, mb.actions)
-    newvalue = agent.get_value(mb.obs)
+    newvalue = agent.get_value(mb.obs if mb.value_obs is None else mb.value_obs)
     logratio = newlogprob - mb.logprobs
     ratio = logratio.exp()
 
@@ -434,7 +455,7 @@ def update_minibatch(agent: Agent, optimizer: torch.optim.Optimizer, mb: Batch, 
 def first_episode_returns(model: dict, envs, eval_episodes: int, device: torch.device) -> List[float]:
     """The return of the first episode of each of the first `eval_episodes` environments under the model's mean
     action, on observations normalised with the saved statistics (frozen). The environments are reset first."""
-    agent = Agent(model["obs_dim"], model["act_dim"]).to(device)
+    agent = Agent(model["obs_dim"], model["act_dim"], model.get("critic_obs_dim")).to(device)
     agent.load_state_dict(model["agent"])
     obs_rms = RunningMeanStd(model["obs_dim"]).to(device)
     obs_rms.load_state_dict(model["obs_rms"])
@@ -493,7 +514,7 @@ if __name__ == "__main__":
     print(f"simulator: {simulator_name}, task {args.env_id}, {args.num_envs} environments", flush=True)
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(device)}", flush=True)
-    elif simulator in ("envpool", "gymnasium"):
+    elif simulator in ("envpool", "gymnasium", "mjlab"):
         print(f"device: CPU ({'no CUDA GPU found' if args.cuda else '--no-cuda'})", flush=True)
     else:  # MuJoCo Warp on 2 CPU cores: 180-470 steps/s (benchmark/results/ppo_isaacgym_cpu.md)
         seconds = args.batch_size / 400
@@ -505,25 +526,44 @@ if __name__ == "__main__":
             flush=True,
         )
     envs = make_envs(
-        simulator, args.env_id, args.num_envs, device, args.seed, args.nconmax, args.njmax, args.envpool_threads
+        simulator,
+        args.env_id,
+        args.num_envs,
+        device,
+        args.seed,
+        args.nconmax,
+        args.njmax,
+        args.envpool_threads,
+        random_episode_starts=True,
     )
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
+    # mjlab's tasks give the value network observations of its own (privileged state): an asymmetric actor-critic.
+    critic_obs_dim = getattr(envs, "critic_obs_dim", None)
 
-    agent = Agent(obs_dim, act_dim).to(device)
+    agent = Agent(obs_dim, act_dim, critic_obs_dim).to(device)
     optimizer = make_optimizer(agent, args, device)
     obs_rms = RunningMeanStd(obs_dim).to(device)
+    critic_rms = None if critic_obs_dim is None else RunningMeanStd(critic_obs_dim).to(device)
 
-    def normalize(raw: torch.Tensor, update: bool = True) -> torch.Tensor:
-        """What the policy sees: with --norm-obs, observations enter the running statistics, then are normalised."""
+    def normalize(raw: torch.Tensor, update: bool = True, rms: Optional[RunningMeanStd] = None) -> torch.Tensor:
+        """What the policy sees (the value network, with rms=critic_rms): with --norm-obs, observations enter the
+        running statistics, then are normalised."""
+        rms = obs_rms if rms is None else rms
         if not args.norm_obs:
             return raw
         if update:
-            obs_rms.update(raw)
-        return obs_rms.normalize(raw, args.clip_obs)
+            rms.update(raw)
+        return rms.normalize(raw, args.clip_obs)
 
     # Rollout storage, allocated once on the device.
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
     final_obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    # The value network's inputs: the same tensors as obs and final_obs unless the task has critic observations.
+    value_obs, final_value_obs = obs, final_obs
+    if critic_obs_dim is not None:
+        value_obs = torch.zeros((args.num_steps, args.num_envs, critic_obs_dim), device=device)
+        final_value_obs = torch.zeros((args.num_steps, args.num_envs, critic_obs_dim), device=device)
+    mjlab_logs: List[Dict[str, torch.Tensor]] = []  # mjlab's episode statistics since the last log line
     actions = torch.zeros((args.num_steps, args.num_envs, act_dim), device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
     terminations = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -540,7 +580,9 @@ if __name__ == "__main__":
         if args.compile:  # the saved learning rate was read onto the CPU: the compiled step reads it on the device
             optimizer.param_groups[0]["lr"] = torch.as_tensor(optimizer.param_groups[0]["lr"], device=device)
         obs_rms.load_state_dict(run.checkpoint["obs_rms"])
-        if run.checkpoint["envs"] is None:  # Isaac Gym, envpool
+        if critic_rms is not None:
+            critic_rms.load_state_dict(run.checkpoint["critic_rms"])
+        if run.checkpoint["envs"] is None:  # Isaac Gym, envpool, mjlab
             print(
                 f"{simulator_name.split(' (')[0]}'s state is not in the checkpoint: resuming with freshly reset "
                 "environments",
@@ -551,6 +593,8 @@ if __name__ == "__main__":
             next_obs = run.checkpoint["next_obs"].to(device)
         global_step, iteration = run.checkpoint["global_step"], run.checkpoint["iteration"]
     next_obs = normalize(first_obs) if next_obs is None else next_obs
+    # mjlab's states are never saved: its critic observations always come from the reset or step just made.
+    next_value_obs = next_obs if critic_rms is None else normalize(envs.critic_obs, rms=critic_rms)
 
     def training_state() -> dict:
         """What a checkpoint holds; resuming reads back each of these."""
@@ -559,6 +603,7 @@ if __name__ == "__main__":
             agent=agent.state_dict(),
             optimizer=optimizer.state_dict(),
             obs_rms=obs_rms.state_dict(),
+            critic_rms=None if critic_rms is None else critic_rms.state_dict(),
             envs=saved_envs,
             next_obs=None if saved_envs is None else next_obs.cpu(),
             global_step=global_step,
@@ -580,6 +625,7 @@ if __name__ == "__main__":
             agent={k: v.clone() for k, v in agent.state_dict().items()},
             optimizer=copy.deepcopy(optimizer.state_dict()),
             obs_rms={k: v.clone() for k, v in obs_rms.state_dict().items()},
+            critic_rms=None if critic_rms is None else {k: v.clone() for k, v in critic_rms.state_dict().items()},
             envs=envs.state_dict(on_device=True),
             next_obs=next_obs.clone(),
             global_step=global_step,
@@ -596,6 +642,8 @@ if __name__ == "__main__":
         agent.load_state_dict(start["agent"])
         optimizer.load_state_dict(start["optimizer"])
         obs_rms.load_state_dict(start["obs_rms"])
+        if critic_rms is not None:
+            critic_rms.load_state_dict(start["critic_rms"])
         if start["envs"] is not None:
             envs.load_state_dict(start["envs"])
         next_obs, global_step, iteration = start["next_obs"], start["global_step"], start["iteration"]
@@ -618,11 +666,20 @@ if __name__ == "__main__":
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs
+                if critic_rms is not None:
+                    value_obs[step] = next_value_obs
                 action = policy(next_obs)
                 actions[step] = action
                 raw_obs, reward, terminated, truncated, info = envs.step(action)
                 next_obs = normalize(raw_obs)
                 final_obs[step] = normalize(info["final_obs"], update=False)
+                if critic_rms is not None:
+                    next_value_obs = normalize(envs.critic_obs, rms=critic_rms)
+                    final_value_obs[step] = normalize(info["final_critic_obs"], update=False, rms=critic_rms)
+                else:
+                    next_value_obs = next_obs
+                if "log" in info and info["log"]:
+                    mjlab_logs.append(info["log"])
                 rewards[step] = reward * args.reward_scaler
                 terminations[step] = terminated.float()
                 truncations[step] = truncated.float()
@@ -636,9 +693,9 @@ if __name__ == "__main__":
 
             # 2. Advantages: values of the whole rollout in batched passes; a truncated episode is bootstrapped
             # with the value of its true final observation.
-            values = agent.get_value(obs)
-            next_values = torch.cat([values[1:], agent.get_value(next_obs)[None]])
-            next_values = torch.where(truncations > 0, agent.get_value(final_obs), next_values)
+            values = agent.get_value(value_obs)
+            next_values = torch.cat([values[1:], agent.get_value(next_value_obs)[None]])
+            next_values = torch.where(truncations > 0, agent.get_value(final_value_obs), next_values)
             # A copy: with --cudagraphs the graph's output memory is reused by the next graph that runs.
             advantages = gae(rewards, values, next_values, terminations, truncations, args.gamma, args.gae_lambda)
             advantages = advantages.clone()
@@ -647,7 +704,16 @@ if __name__ == "__main__":
             b_obs = obs.reshape(-1, obs_dim)
             b_actions = actions.reshape(-1, act_dim)
             b_logprobs = agent.log_prob(b_obs, b_actions)
-            batch = Batch(b_obs, b_actions, b_logprobs, advantages.reshape(-1), returns.reshape(-1), values.reshape(-1))
+            b_value_obs = None if critic_rms is None else value_obs.reshape(-1, critic_obs_dim)
+            batch = Batch(
+                b_obs,
+                b_actions,
+                b_logprobs,
+                advantages.reshape(-1),
+                returns.reshape(-1),
+                values.reshape(-1),
+                b_value_obs,
+            )
 
         # 3. Update the policy and value network
         clipped = torch.zeros((), device=device)
@@ -675,6 +741,13 @@ if __name__ == "__main__":
             explained_var = torch.where(var_y == 0, torch.full_like(var_y, math.nan), 1 - unexplained)
             # MuJoCo Warp drops the contacts that do not fit its buffers: stop in one line if it had to.
             buffer_use = envs.check_buffers()
+            # mjlab's own episode statistics (reward terms, termination causes, metrics), averaged over its logs
+            for key in sorted({key for log in mjlab_logs for key in log}):
+                logged = [
+                    torch.as_tensor(log[key], dtype=torch.float32, device=device) for log in mjlab_logs if key in log
+                ]
+                buffer_use[f"mjlab/{key}"] = torch.stack(logged).mean()
+            mjlab_logs.clear()
             run.log(
                 global_step,
                 {
@@ -705,6 +778,7 @@ if __name__ == "__main__":
         obs_rms=obs_rms.state_dict(),
         obs_dim=obs_dim,
         act_dim=act_dim,
+        critic_obs_dim=critic_obs_dim,
         simulator=simulator,
     )
     envs.close()
