@@ -19,10 +19,10 @@ mj="uv run --project $PWD/projects/mjlab"
 root=$PWD
 smoke=${SMOKE:-0}
 if [ "$smoke" = 1 ]; then
-    sps_sizes="Mjlab-Cartpole-Balance:16"; seeds="1"; cartpole_steps=4096; go1_seconds=20; go1_envs=8; out=/tmp/mjlab_sps.md
+    sps_sizes="Mjlab-Cartpole-Balance:16"; seeds="1"; cartpole_envs=16; cartpole_steps=4096; go1_seconds=20; go1_envs=8; out=/tmp/mjlab_sps.md
 else
     sps_sizes="Mjlab-Cartpole-Balance:256 Mjlab-Cartpole-Balance:1024 Mjlab-Velocity-Flat-Unitree-Go1:64 Mjlab-Velocity-Flat-Unitree-Go1:256"
-    seeds="1 2 3"; cartpole_steps=3000000; go1_seconds=3600; go1_envs=256
+    seeds="1 2 3"; cartpole_envs=256; cartpole_steps=3000000; go1_seconds=3600; go1_envs=256
     out=/tmp/mjlab_sps.md  # copied into the results file's mjlab section by hand
 fi
 
@@ -64,7 +64,7 @@ done
 # 2. Cartpole balance and swing-up, 3 seeds each
 for task in Mjlab-Cartpole-Balance Mjlab-Cartpole-Swingup; do
     for seed in $seeds; do
-        $mj python cleanrl/ppo_isaacgym.py --simulator mjlab --env-id "$task" --seed "$seed" --num-envs 256 \
+        $mj python cleanrl/ppo_isaacgym.py --simulator mjlab --env-id "$task" --seed "$seed" --num-envs "$cartpole_envs" \
             --num-steps 32 --total-timesteps "$cartpole_steps" --no-cuda
     done
 done
