@@ -14,8 +14,8 @@
 #   bash benchmark/ppo_isaacgym_envpool.sh table      # tables and curves in benchmark/results/ppo_isaacgym_envpool*
 #   SMOKE=1 bash benchmark/ppo_isaacgym_envpool.sh ppo td3   # the same commands for 60 s each, seed 1, into /tmp
 #
-# Parts run in the order given (default: ppo td3 table), one job at a time (WORKERS=1: each run uses both cores,
-# envpool's 2 threads for the simulator and torch's for the updates).
+# Parts run in the order given (default: ppo td3 table), one job at a time (WORKERS=1). envpool on 1 thread: on this
+# shared 2-core machine it stepped faster than on 2 (benchmark/results/ppo_isaacgym_cpu_simulators.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="uv run --all-extras python"
@@ -31,9 +31,9 @@ bench() {  # bench ENV_IDS OUTPUT COMMAND
     $PY -m cleanrl_utils.benchmark --env-ids $1 --num-seeds "$SEEDS" --start-seed 1 --command "$3" \
         --workers "${WORKERS:-1}" --archive "$ARCHIVE" --output "$2"
 }
-# ppo_isaacgym: the GPU defaults; 30M steps is a cap the hour does not reach here (~3-4k SPS on Ant).
+# ppo_isaacgym: the GPU defaults; 30M steps is a cap the hour does not reach here (~1.4-1.6k training SPS).
 # --checkpoint-every 1,048,576 steps (16 iterations): ~5 min on Ant, ~10 on Humanoid.
-ppo="$PY cleanrl/ppo_isaacgym.py --simulator envpool --envpool-threads 2 --total-timesteps 30000000"
+ppo="$PY cleanrl/ppo_isaacgym.py --simulator envpool --envpool-threads 1 --total-timesteps 30000000"
 ppo+=" --time-limit-seconds $SECONDS_PER_SEED --checkpoint-every 1048576"
 # fast_td3_isaacgym: a CPU-sized batch (16 envs, 2,048 transitions per update, networks as the authors'), replay of
 # 20,000 steps per env (320k transitions), learning after 5,000 steps, a log line every 1,600 steps (the default:
