@@ -11,7 +11,8 @@ the bug is, a `# tests:` line names the test files (or pytest node ids) that mus
 a fresh copy of cleanrl/, cleanrl_utils/, tests/ and pyproject.toml in a temporary folder, those tests run there with
 pytest (`-x`, --workers processes; the copy's cleanrl_utils first on PYTHONPATH), and the mutant is reported killed
 (the tests failed), survived (they passed) or broken (the patch did not apply, or the patched file does not compile).
---jobs mutants run at once (each in its own copy).
+--jobs mutants run at once (each in its own copy). A mutant whose tests name mjlab runs in projects/mjlab's
+environment (`uv sync --project projects/mjlab` first), where those tests do not skip.
 
 The report (--report, default tests/mutants/RESULTS.md) keeps one row per mutant: its last outcome and the commit it
 ran at ("+" when files it depends on had uncommitted changes). A run replaces the rows of the mutants it ran and keeps
@@ -42,6 +43,16 @@ COPIED = ("cleanrl", "cleanrl_utils", "tests", "pyproject.toml")
 # Every mutant's tests use them (update_reference: the gradient checks; continuous_reference: the continuous scripts').
 SHARED = ["tests/conftest.py", "tests/probe*.py", "tests/*_reference.py", "cleanrl_utils", "pyproject.toml"]
 HEADER = "| mutant | planted bug | tests | outcome | seconds | commit | first failure |"
+# --simulator mjlab's tests run in projects/mjlab's environment (mjlab pins its own MuJoCo) and skip in the main one,
+# where its mutants would survive: a mutant whose tests name mjlab runs with that environment's Python.
+MJLAB_PYTHON = ROOT / "projects" / "mjlab" / ".venv" / "bin" / "python"
+
+
+def python_for(tests: list[str]) -> str | None:
+    """The interpreter that runs these tests; None where it is not installed."""
+    if any("mjlab" in Path(test.split("::")[0]).name for test in tests):
+        return str(MJLAB_PYTHON) if MJLAB_PYTHON.is_file() else None
+    return sys.executable
 
 
 def read_patch(path: Path) -> tuple[str, list[str]]:
@@ -141,6 +152,9 @@ def run_mutant(path: Path, workers: int, timeout: float) -> tuple[str, float, st
     """Apply one patch to a fresh copy, run its tests; return (outcome, seconds, detail)."""
     _, tests = read_patch(path)
     start = time.monotonic()
+    python = python_for(tests)
+    if python is None:
+        return "broken", 0.0, "its tests need projects/mjlab's environment: uv sync --project projects/mjlab"
     with tempfile.TemporaryDirectory(prefix="mutant_") as scratch:
         copy = Path(scratch)
         for name in COPIED:
@@ -158,7 +172,7 @@ def run_mutant(path: Path, workers: int, timeout: float) -> tuple[str, float, st
             except py_compile.PyCompileError as error:
                 return "broken", time.monotonic() - start, str(error).splitlines()[0]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")]))
-        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+        command = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
         if workers > 1:
             command += ["-n", str(workers)]
         try:
