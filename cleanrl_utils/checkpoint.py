@@ -107,7 +107,11 @@ def without_spare_storage(obj):
     (100 rows of a 1M x 10 float buffer: 40 MB instead of 4 kB). Past half full the view is written as it is: the
     copy would then cost more memory than it saves on disk (an Atari buffer's frames are gigabytes)."""
     if isinstance(obj, torch.Tensor):
-        mostly_spare = 2 * obj.numel() * obj.element_size() < obj.untyped_storage().nbytes()
+        if hasattr(obj, "untyped_storage"):
+            storage_bytes = obj.untyped_storage().nbytes()
+        else:  # torch < 2.0 (the Isaac Gym environment's 1.12): only the typed storage, its size in elements
+            storage_bytes = obj.storage().size() * obj.element_size()
+        mostly_spare = 2 * obj.numel() * obj.element_size() < storage_bytes
         return obj.clone() if mostly_spare else obj
     if isinstance(obj, (dict, list, tuple)):
         items = list(obj.items() if isinstance(obj, dict) else enumerate(obj))
