@@ -1,31 +1,22 @@
 """FastSAC: SAC for thousands of simulated worlds, with everything on the device.
 
 Seo, Sferrazza et al. 2025, "Learning Sim-to-Real Humanoid Locomotion in 15 Minutes" (https://arxiv.org/abs/2512.01996;
-the authors' code, github.com/amazon-far/holosoma, agents/fast_sac): FastTD3's recipe (many parallel environments, large
-batches, a device replay buffer, distributional C51 critics, running observation normalisation, AdamW) with SAC's
-squashed Gaussian policy and tuned temperature in place of TD3's deterministic policy and noise. What it changes from
-FastTD3: LayerNorm and SiLU in both networks, each critic learns the projected distribution of its own target critic
-with the entropy bonus in the target (no clipped double Q), the policy climbs the critics' mean Q less alpha log pi, the
-temperature steps after every critic update on the next actions' log-probabilities toward an entropy target of 0 (from
-alpha 0.001), eight critic updates and two policy updates per step on batches of 8,192, gamma 0.97, AdamW betas (0.9,
-0.95) and weight decay 0.001, `--amp` (bf16) and `--compile`.
+code: github.com/amazon-far/holosoma, agents/fast_sac): FastTD3's recipe (parallel worlds, large batches, device
+replay, C51 critics, observation normalisation, AdamW) with SAC's squashed Gaussian policy and tuned temperature.
+Changed from FastTD3: LayerNorm and SiLU; each critic learns its own target critic's projected distribution with the
+entropy bonus in the target (no clipped double Q); the policy climbs the critics' mean Q less alpha log pi; the
+temperature steps after every critic update toward entropy 0 (from alpha 0.001); 8 critic and 2 policy updates a step
+on batches of 8,192, gamma 0.97, AdamW betas (0.9, 0.95), weight decay 0.001; `--amp` (bf16), `--compile`.
 
 Action space: a one-dimensional Box (the policy acts in [-1, 1], mapped onto the bounds). `--simulator`: MuJoCo Warp
-(Ant, Humanoid, Hopper, HalfCheetah, Walker2d; default unless Isaac Gym is importable), Isaac Gym, envpool's C++ MuJoCo
-tasks (the same names onto its v5 ids, Ant -> Ant-v5; the fastest on a CPU), or gymnasium's CPU vector envs (those
-names onto v5 ids too, or any gymnasium id) (cleanrl_utils/envs/). Checkpoints hold the replay buffer and the
-simulator's state (not Isaac Gym's nor envpool's: a resumed run on those says so and starts fresh episodes).
+(default unless Isaac Gym is importable), Isaac Gym, envpool or gymnasium (Ant -> Ant-v5 ...), as fast_td3_isaacgym.py,
+whose plumbing this shares (n-step windows, normaliser, per-task critic support, Isaac Gym's reset steps masked).
+Unlike the authors: the log-probability is the action's in [-1, 1] (no per-joint scale), and the temperature's AdamW
+has no weight decay (theirs, 0.01, pulls log alpha toward 0).
 
     uv run python cleanrl/fast_sac_isaacgym.py --env-id Humanoid
     uv run python cleanrl/fast_sac_isaacgym.py --simulator gymnasium --env-id Hopper-v5 --num-envs 16 \\
         --batch-size 256 --buffer-size 20000 --learning-starts 5000
-
-fast_td3_isaacgym.py's plumbing throughout (its replay buffer's n-step windows, n = 1 by default as the authors'; its
-observation normaliser; its critics' support sized per task, where the authors' [-20, 20] fits their humanoid rewards;
-Isaac Gym's reset steps kept out of the loss). Unlike the authors' code: the log-probability is that of the action in
-[-1, 1] (theirs adds the Jacobian of a per-joint scaling that our tasks do not have); the temperature's AdamW has no
-weight decay (theirs keeps AdamW's default 0.01, which pulls log alpha toward 0). The FastTD3 repository's `fastsac`
-branch, an earlier take, has plain twin MSE critics with clipped double Q and ReLU networks; we follow the paper's.
 """
 
 import importlib.util

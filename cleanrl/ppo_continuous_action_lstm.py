@@ -1,20 +1,14 @@
 """Proximal Policy Optimization (PPO) with LSTM memory for continuous actions, on partially observed control.
 
-Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (https://arxiv.org/abs/1707.06347): the policy and
-value networks of cleanrl/ppo_continuous_action.py (64x64 tanh MLPs, a state-independent log std, observation and
-reward normalisation, GAE with truncations bootstrapped), each reading the output of its own LSTM (Hochreiter &
-Schmidhuber 1997) over the normalised observations. The LSTM state is zeroed where an episode starts, and the update
-replays whole environment sequences from the rollout's first state (minibatches are sets of envs), as
-cleanrl/ppo_atari_lstm.py does. The task is the memory benchmark of recurrent RL papers (Ni et al. 2022, "Recurrent
-Model-Free RL Can Be a Strong Baseline for Many POMDPs": the "-P" tasks): --hide-velocities (on by default) keeps only
-the positions of the observation, so velocities must be inferred from a history.
+Schulman et al. 2017 (https://arxiv.org/abs/1707.06347): ppo_continuous_action.py's policy and value networks (64x64
+tanh MLPs, state-independent log std, observation and reward normalisation, GAE with truncations bootstrapped), each
+reading its own LSTM (Hochreiter & Schmidhuber 1997) over the normalised observations. The state is zeroed where an
+episode starts; the update replays whole env sequences from the rollout's first state, as ppo_atari_lstm.py does.
+--hide-velocities (default) keeps only positions, the "-P" tasks of Ni et al. 2022 ("Recurrent Model-Free RL Can Be a
+Strong Baseline for Many POMDPs"), so velocities must be inferred from a history.
 
-Beside sb3-contrib's RecurrentPPO: actor and critic have separate LSTMs, as in its default (shared_lstm=False,
-enable_critic_lstm=True), chosen because ppo_continuous_action.py keeps separate networks too: the value loss does
-not shape the policy's memory. Where ours differs: the update replays each env's whole rollout from the state it
-began with (zeroing it at episode starts inside), where sb3-contrib cuts sequences at episode starts, pads them and
-stores a state per step; our LSTMs are 64 wide (its default 256), enough for Pendulum's memory on a CPU. From
-CleanRL's ppo_atari_lstm.py: continuous actions, and no torso shared by actor and critic. No --compile.
+Beside sb3-contrib's RecurrentPPO: separate actor and critic LSTMs, its default (the value loss does not shape the
+policy's memory); whole rollouts replayed where it cuts and pads sequences at episode starts; LSTMs 64 wide (its 256).
 
 Action space: a one-dimensional Box. Environments: Pendulum-v1, Hopper-v5, HalfCheetah-v5, Walker2d-v5 with velocities
 hidden; with --no-hide-velocities any gymnasium Box task.
@@ -22,8 +16,7 @@ hidden; with --no-hide-velocities any gymnasium Box task.
     uv run python cleanrl/ppo_continuous_action_lstm.py --env-id Pendulum-v1
 
 Expect Pendulum-v1 without its angular velocity at -260 +- 33 after 300k steps (3 seeds), where
-ppo_continuous_action.py on the same observations stays at -1,098 and a random policy at -1,243
-(benchmark/results/ppo_continuous_action_lstm.md).
+ppo_continuous_action.py on the same observations stays at -1,098 (benchmark/results/ppo_continuous_action_lstm.md).
 """
 
 import math
