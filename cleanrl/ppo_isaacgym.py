@@ -7,22 +7,13 @@ policy and a value network of 256x256 tanh MLPs, observations normalised by runn
 model), rewards times --reward-scaler. Observations, actions, rewards and episode statistics never leave the device;
 scalars are read back every --log-every iterations. Truncations are bootstrapped with the true final observation.
 
-Action space: a one-dimensional Box. Simulators (`--simulator auto`: Isaac Gym when importable, else MuJoCo Warp):
-- MuJoCo Warp (installed with the project; CPU too, slowly): Ant, Humanoid, Hopper, HalfCheetah, Walker2d with
-  gymnasium's v5 observations, rewards, terminations, resets and time limit (cleanrl_utils/envs/mujoco_warp_env.py).
-  Checkpoints hold the simulator state, so a resumed run continues the same episodes (exactly, on the CPU).
-- envpool (the envpool extra): the same names onto its C++ v5 tasks (Ant -> Ant-v5 ...), stepped by its thread pool
-  on the CPU (cleanrl_utils/envs/envpool_mujoco_env.py): the fastest path on a CPU, with the GPU defaults unchanged.
-- gymnasium: the same names onto gymnasium's v5 ids (Ant -> Ant-v5 ...) in a SyncVectorEnv
-  (cleanrl_utils/envs/gymnasium_vec_env.py); its state is saved, so a resumed run continues exactly.
-- Isaac Gym through isaacgymenvs (Ant, Humanoid, Anymal, ShadowHand ...; see the README;
-  cleanrl_utils/envs/isaacgym_env.py).
-- mjlab (its own uv project, projects/mjlab): its tasks by their ids (Mjlab-Velocity-Flat-Unitree-Go1,
-  Mjlab-Cartpole-Balance ...; cleanrl_utils/envs/mjlab_env.py). As rsl_rl trains them, the policy sees the task's
-  "actor" observations and the value network its "critic" ones (privileged state: an asymmetric actor-critic, each
-  set normalised by its own statistics), and the first episodes start at random points of the time limit.
-Isaac Gym's, envpool's and mjlab's states cannot be saved: a resumed run continues with freshly reset environments,
-says so, and resumes everything else (networks, optimiser, statistics, step counters).
+Action space: a one-dimensional Box. `--simulator` (cleanrl_utils/envs/; auto: Isaac Gym when importable, else
+MuJoCo Warp): MuJoCo Warp (Ant, Humanoid, Hopper, HalfCheetah, Walker2d with gymnasium's v5 dynamics and rewards; CPU
+too, slowly), envpool's C++ v5 tasks and gymnasium's vector envs (the same names, Ant -> Ant-v5: the CPU paths, GPU
+defaults unchanged), Isaac Gym through isaacgymenvs, or mjlab's tasks (own uv project, projects/mjlab; as rsl_rl trains
+them, the value network sees the task's privileged "critic" observations, the policy its "actor" ones, each set
+normalised by its own statistics). MuJoCo Warp's and gymnasium's states are checkpointed (resume is exact on the CPU);
+Isaac Gym's, envpool's and mjlab's are not: a resumed run says so and continues with freshly reset environments.
 
     uv run python cleanrl/ppo_isaacgym.py --env-id Ant
     uv run python cleanrl/ppo_isaacgym.py --env-id Ant --simulator envpool   # on a CPU
