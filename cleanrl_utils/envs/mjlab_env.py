@@ -1,11 +1,7 @@
-"""mjlab's tasks (Isaac Lab's manager-based task API on MuJoCo Warp: Unitree Go1 and G1 velocity tracking, Cartpole
-balance and swing-up, ...) behind the batched interface of MuJoCoWarpVecEnv: torch tensors on the training device,
-SAME_STEP resets with the true final observations in info. Used by `--simulator mjlab` of cleanrl/ppo_isaacgym.py and
-cleanrl/fast_td3_isaacgym.py; tests/test_mjlab_env.py checks it against mjlab's env stepped directly.
-
-mjlab pins mujoco and mujoco-warp ~=3.11, the main environment 3.17 and 4.0, so it lives in a uv project of its own:
-
-    uv run --project projects/mjlab python cleanrl/ppo_isaacgym.py --simulator mjlab --env-id Mjlab-Cartpole-Balance
+"""mjlab's tasks (Isaac Lab's task API on MuJoCo Warp: Unitree Go1 and G1 velocity tracking, Cartpole ...) behind
+the batched interface of MuJoCoWarpVecEnv: torch tensors on the device, SAME_STEP resets with the true final
+observations in info; for `--simulator mjlab` of cleanrl/ppo_isaacgym.py. mjlab pins mujoco and mujoco-warp ~=3.11,
+so it runs in its own uv project: `uv run --project projects/mjlab python cleanrl/ppo_isaacgym.py --simulator mjlab`.
 
     envs = MjlabVecEnv("Mjlab-Velocity-Flat-Unitree-Go1", num_envs=4096, device=torch.device("cuda"), seed=1)
     obs = envs.reset()          # the policy's observations (rsl_rl's "actor" groups), [num_envs, obs_dim]
@@ -13,19 +9,12 @@ mjlab pins mujoco and mujoco-warp ~=3.11, the main environment 3.17 and 4.0, so 
     obs, reward, terminated, truncated, info = envs.step(actions)
     # info["final_obs"], info["final_critic_obs"]: before the reset; info["log"]: mjlab's episode statistics
 
-Where this differs from mjlab's own training (scripts/train.py: rsl_rl's OnPolicyRunner on RslRlVecEnvWrapper):
-- mjlab resets ended episodes inside step() and returns no final observation. Here the env runs with
-  `auto_reset=False` and step() resets the ended envs itself (env.reset(env_ids=...)) after reading their true final
-  observations, which a time-out needs for its bootstrap. The ended envs' commands take one more update (dt = step_dt)
-  before their reset than under mjlab's auto-reset, so a task whose command resamples on a timer may draw random
-  numbers in another order; Cartpole has no command, and tests/test_mjlab_env.py checks that it matches auto-reset.
-- The observation groups are concatenated as the task's rsl_rl config says (`obs_groups`); actions are clipped only
-  where that config asks (`clip_actions`; None, no clip, for every task registered in mjlab 1.6.0, as in its training).
-- rsl_rl starts training from random points of the time limit (learn(init_at_random_ep_len=True)) so that the envs'
-  time-outs spread out; here that is `random_episode_starts=True`.
-- state_dict() is None: mjlab's state lives in its managers (observation history and delay buffers, command timers,
-  the last actions, event timers, curricula) and in MuJoCo Warp's data, with no API to save it (its runner saves only
-  the step counter its curricula read); a resumed run starts fresh episodes.
+Beside mjlab's own training (rsl_rl on RslRlVecEnvWrapper): the env runs with `auto_reset=False` and step() resets the
+ended envs after reading their final observations (a time-out's bootstrap needs them); their commands take one more
+update first, so timer-resampled commands may draw random numbers in another order (Cartpole matches auto-reset
+exactly). Observation groups and action clipping follow the task's rsl_rl config (`obs_groups`, `clip_actions`: None
+for every task of mjlab 1.6.0); `random_episode_starts=True` is rsl_rl's init_at_random_ep_len. state_dict() is None:
+mjlab's state (managers' buffers and timers, MuJoCo Warp's data) has no save API: a resumed run starts fresh episodes.
 """
 
 from __future__ import annotations
