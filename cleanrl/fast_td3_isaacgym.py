@@ -10,16 +10,21 @@ step, no target policy (target actions are the policy's own plus clipped noise),
 
 Action space: a one-dimensional Box (the policy acts in [-1, 1], mapped onto the bounds). `--simulator`: MuJoCo Warp
 (Ant, Humanoid, Hopper, HalfCheetah, Walker2d; default unless Isaac Gym is importable), Isaac Gym, envpool's C++ MuJoCo
-tasks (the same names onto its v5 ids, Ant -> Ant-v5; the fastest on a CPU), or gymnasium's CPU vector envs (those
-names onto v5 ids too, or any gymnasium id) (cleanrl_utils/envs/). Checkpoints hold the replay buffer and the
-simulator's state (not Isaac Gym's nor envpool's: a resumed run on those says so and starts fresh episodes).
+tasks (the same names onto its v5 ids, Ant -> Ant-v5; the fastest on a CPU), gymnasium's CPU vector envs (those
+names onto v5 ids too, or any gymnasium id), or mjlab's robot tasks (its own uv project, projects/mjlab; the critics
+on the task's privileged "critic" observations, the policy on its "actor" ones, as the authors train Isaac Lab's)
+(cleanrl_utils/envs/). Checkpoints hold the replay buffer and the simulator's state (not Isaac Gym's, envpool's nor
+mjlab's: a resumed run on those says so and starts fresh episodes).
 
     uv run python cleanrl/fast_td3_isaacgym.py --env-id Humanoid
     uv run python cleanrl/fast_td3_isaacgym.py --simulator envpool --env-id Ant --num-envs 16 \\
         --batch-size 4096 --buffer-size 20000 --learning-starts 5000
+    uv run --project projects/mjlab python cleanrl/fast_td3_isaacgym.py --simulator mjlab \\
+        --env-id Mjlab-Velocity-Flat-Unitree-G1 --num-envs 4096 --n-steps 8 --num-updates 4 --num-atoms 251
 
 The critics' support fits the task (--v-min/--v-max default to its per-step reward range over 1 - gamma, as the
-authors size theirs per suite), and the log line reports n-step targets beyond it, which the projection clamps. Unlike
+authors size theirs per suite; on mjlab, whose rewards are scaled by the step's duration, their Isaac Lab preset),
+and the log line reports n-step targets beyond it, which the projection clamps. Unlike
 the authors' code: while the buffer fills, a window may start at any stored step, cut at the newest (theirs start
 n - 1 steps before it at the latest); only the observations acted on update the running statistics, merged with the
 exact parallel-variance formula (theirs measures the batch's mean shift after moving the mean); Isaac Gym's step
@@ -33,7 +38,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Literal, Optional, Union
+from typing import Dict, List, Literal, Optional, Union
 
 import numpy as np
 
@@ -49,6 +54,7 @@ from cleanrl_utils.checkpoint import load_model
 from cleanrl_utils.envs.envpool_mujoco_env import ENVPOOL_TASKS, EnvPoolMuJoCoVecEnv
 from cleanrl_utils.envs.gymnasium_vec_env import GymnasiumVecEnv
 from cleanrl_utils.envs.isaacgym_env import ISAACGYM_INSTALL, IsaacGymVecEnv, isaacgym_available, isaacgym_tasks
+from cleanrl_utils.envs.mjlab_env import MjlabVecEnv, task_problem
 from cleanrl_utils.envs.mujoco_warp_env import WARP_TASKS, MuJoCoWarpVecEnv
 from cleanrl_utils.errors import check_env_id, check_fits, check_positive, fail
 from cleanrl_utils.run import Run
@@ -88,15 +94,16 @@ class Args:
     """total timesteps of the experiment (over all environments)"""
 
     # Algorithm specific arguments
-    simulator: Literal["auto", "isaacgym", "mujoco-warp", "envpool", "gymnasium"] = "auto"
+    simulator: Literal["auto", "isaacgym", "mujoco-warp", "envpool", "gymnasium", "mjlab"] = "auto"
     """the simulator: auto takes Isaac Gym when it is importable, MuJoCo Warp otherwise; envpool (C++ MuJoCo, the
-    fastest on a CPU) and gymnasium (SyncVectorEnv) run on the CPU"""
+    fastest on a CPU) and gymnasium (SyncVectorEnv) run on the CPU; mjlab its robot tasks (run with
+    `uv run --project projects/mjlab`)"""
     envpool_threads: int = 0
     """envpool: its worker threads (0: envpool's choice, one per core)"""
     nconmax: Optional[int] = None
-    """MuJoCo Warp: contact slots per world, pooled across worlds (None: the task's default in WARP_TASKS)"""
+    """MuJoCo Warp and mjlab: contact slots per world, pooled across worlds (None: the task's default)"""
     njmax: Optional[int] = None
-    """MuJoCo Warp: constraint rows per world (None: the task's default in WARP_TASKS)"""
+    """MuJoCo Warp and mjlab: constraint rows per world (None: the task's default)"""
     num_envs: int = 1024
     """the number of parallel environments"""
     buffer_size: int = 10240
@@ -171,11 +178,16 @@ REWARD_RANGES = {
     "isaacgym": {"Ant": (-2.0, 10.0), "Humanoid": (-2.0, 10.0)},
 }
 DEFAULT_SUPPORT = (-250.0, 250.0)  # the authors' default (their HumanoidBench setting), for tasks not listed above
+# mjlab's tasks (Isaac Lab's, on MuJoCo Warp) scale each reward term by the step's duration: the authors' Isaac Lab
+# preset (IsaacLabArgs), whatever gamma.
+MJLAB_SUPPORT = (-10.0, 10.0)
 
 
 def task_support(simulator: str, env_id: str, gamma: float) -> tuple:
     """The critics' support (v_min, v_max) for a task: its REWARD_RANGES entry over 1 - gamma (gymnasium's MuJoCo ids
-    by their name, Hopper-v5 as Hopper), else DEFAULT_SUPPORT."""
+    by their name, Hopper-v5 as Hopper), MJLAB_SUPPORT for mjlab's tasks, else DEFAULT_SUPPORT."""
+    if simulator == "mjlab":
+        return MJLAB_SUPPORT
     family, name = ("isaacgym", env_id) if simulator == "isaacgym" else ("mujoco", env_id.split("-v")[0])
     if name not in REWARD_RANGES[family]:
         return DEFAULT_SUPPORT
@@ -194,20 +206,41 @@ def gymnasium_id(env_id: str) -> str:
     return ENVPOOL_TASKS.get(env_id, env_id)
 
 
-def make_envs(simulator: str, env_id: str, num_envs: int, device: torch.device, seed: int, args: dict):
+def make_envs(
+    simulator: str,
+    env_id: str,
+    num_envs: int,
+    device: torch.device,
+    seed: int,
+    args: dict,
+    random_episode_starts: bool = False,
+):
+    """random_episode_starts (mjlab; training, not evaluation): the first episodes start at random points of the time
+    limit, as the authors start Isaac Lab's (and rsl_rl mjlab's), so that the time-outs of thousands of envs spread
+    out."""
     if simulator == "isaacgym":
         return IsaacGymVecEnv(env_id, num_envs, device, seed)
     if simulator == "envpool":
         return EnvPoolMuJoCoVecEnv(env_id, num_envs, device, seed, num_threads=args.get("envpool_threads", 0))
     if simulator == "gymnasium":
         return GymnasiumVecEnv(gymnasium_id(env_id), num_envs, device, seed)
+    if simulator == "mjlab":
+        nconmax, njmax = args.get("nconmax"), args.get("njmax")
+        return MjlabVecEnv(env_id, num_envs, device, seed, None, random_episode_starts, nconmax, njmax)
     return MuJoCoWarpVecEnv(env_id, num_envs, device, seed, nconmax=args.get("nconmax"), njmax=args.get("njmax"))
 
 
-def replay_nbytes(args: Args, obs_dim: int, act_dim: int) -> int:
-    """Bytes of the replay buffer: observations and true next observations, actions, rewards (float32) and two bool
-    flags (counted as 4 bytes each: a bound from above)."""
-    return args.num_envs * args.buffer_size * (2 * obs_dim + act_dim + 3) * 4
+def replay_nbytes(args: Args, obs_dim: int, act_dim: int, critic_obs_dim: Optional[int] = None) -> int:
+    """Bytes of the replay buffer: observations and true next observations (and the critics' own, where the task has
+    them), actions, rewards (float32) and three bool flags (counted as 4 bytes each: a bound from above)."""
+    return args.num_envs * args.buffer_size * (2 * obs_dim + 2 * (critic_obs_dim or 0) + act_dim + 4) * 4
+
+
+def action_bounds(envs) -> tuple:
+    """The bounds the policy's [-1, 1] maps onto: the task's; where it has none (mjlab's joint-offset actions), [-1, 1]
+    itself, as the authors' Isaac Lab runs (action_bounds 1.0)."""
+    low, high = envs.action_low, envs.action_high
+    return torch.where(low.isinf(), -1.0, low), torch.where(high.isinf(), 1.0, high)
 
 
 def validate(args: Args) -> str:
@@ -249,6 +282,11 @@ def validate(args: Args) -> str:
         fail("--simulator mujoco-warp needs the mujoco-warp package (Python >= 3.11): uv sync")
     if simulator == "envpool" and importlib.util.find_spec("envpool") is None:
         fail("--simulator envpool needs the envpool package (Python >= 3.11): uv sync --extra envpool")
+    if simulator == "mjlab":  # mjlab missing, an unknown task, a Tracking task without its motion file ...
+        problem = task_problem(args.env_id, "fast_td3_isaacgym.py")
+        if problem:
+            fail(problem)
+        return simulator  # the buffer's size is checked once the task is built and its sizes are known
     if simulator == "gymnasium":
         import gymnasium as gym
 
@@ -350,12 +388,21 @@ class ReplayBuffer:
     observation acted on, the action in [-1, 1], the reward, whether the step terminated or truncated its episode, the
     true next observation (the final one where the episode ended), and whether the step was a simulator's reset step
     (Isaac Gym resets an ended episode during the next step, which acts on the final observation and lands on the new
-    episode: no transition of either). Written one column (all environments) per step; sampled evenly per
-    environment."""
+    episode: no transition of either); with critic_obs_dim, the critics' own observations at both ends too (mjlab's
+    "critic" group). Written one column (all environments) per step; sampled evenly per environment."""
 
     FIELDS = ("obs", "actions", "rewards", "terminations", "truncations", "next_obs", "reset_steps")
+    CRITIC_FIELDS = ("critic_obs", "next_critic_obs")
 
-    def __init__(self, num_envs: int, buffer_size: int, obs_dim: int, act_dim: int, device: torch.device):
+    def __init__(
+        self,
+        num_envs: int,
+        buffer_size: int,
+        obs_dim: int,
+        act_dim: int,
+        device: torch.device,
+        critic_obs_dim: Optional[int] = None,
+    ):
         rows = (num_envs, buffer_size)
         self.obs = torch.zeros(rows + (obs_dim,), device=device)
         self.actions = torch.zeros(rows + (act_dim,), device=device)
@@ -364,10 +411,17 @@ class ReplayBuffer:
         self.truncations = torch.zeros(rows, dtype=torch.bool, device=device)
         self.next_obs = torch.zeros(rows + (obs_dim,), device=device)
         self.reset_steps = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.fields = self.FIELDS
+        if critic_obs_dim is not None:
+            self.critic_obs = torch.zeros(rows + (critic_obs_dim,), device=device)
+            self.next_critic_obs = torch.zeros(rows + (critic_obs_dim,), device=device)
+            self.fields = self.FIELDS + self.CRITIC_FIELDS
         self.num_envs, self.buffer_size, self.pos, self.size = num_envs, buffer_size, 0, 0
 
-    def add(self, obs, actions, rewards, terminations, truncations, next_obs, reset_steps) -> None:
-        for name, value in zip(self.FIELDS, (obs, actions, rewards, terminations, truncations, next_obs, reset_steps)):
+    def add(self, obs, actions, rewards, terminations, truncations, next_obs, reset_steps, *critic_obs) -> None:
+        """critic_obs: the critics' own observation and true next observation, for a buffer that keeps them."""
+        values = (obs, actions, rewards, terminations, truncations, next_obs, reset_steps, *critic_obs)
+        for name, value in zip(self.fields, values):
             getattr(self, name)[:, self.pos] = value
         self.pos = (self.pos + 1) % self.buffer_size
         self.size = min(self.size + 1, self.buffer_size)
@@ -379,8 +433,9 @@ class ReplayBuffer:
 
     def n_step_window(self, starts: torch.Tensor, n_steps: int, gamma: float):
         """The n-step transitions starting at the columns `starts` [num_envs, k] of each environment, flattened to
-        [num_envs * k]: (obs, actions, n-step discounted rewards, the bootstrap's discount, next_obs, and a weight: 0
-        for a window that starts at a reset step, which learns nothing, 1 otherwise). A window of up to `n_steps`
+        [num_envs * k]: (obs, actions, n-step discounted rewards, the bootstrap's discount, next_obs, a weight: 0 for a
+        window that starts at a reset step, which learns nothing, 1 otherwise, and the critics' obs and next_obs: their
+        own where the buffer keeps them, else obs and next_obs). A window of up to `n_steps`
         steps stops at the first step that ends its episode (a termination or a truncation) and at the
         newest step stored; it bootstraps from the true next observation of its last step with discount
         gamma^length, unless that step terminated (discount 0)."""
@@ -408,16 +463,20 @@ class ReplayBuffer:
             self.next_obs[envs, last_rows],
             (~self.reset_steps[envs, starts]).float(),
         )
+        if self.fields == self.FIELDS:  # the critics see what the policy sees
+            out = out + (out[0], out[4])
+        else:
+            out = out + (self.critic_obs[envs, starts], self.next_critic_obs[envs, last_rows])
         return tuple(x.flatten(0, 1) for x in out)
 
     def state_dict(self) -> dict:
         """The columns written so far (all of them once the buffer is full) and the write position, on the CPU."""
-        state = {name: getattr(self, name)[:, : self.size].cpu() for name in self.FIELDS}
+        state = {name: getattr(self, name)[:, : self.size].cpu() for name in self.fields}
         return {**state, "pos": self.pos, "size": self.size}
 
     def load_state_dict(self, state: dict) -> None:
         self.pos, self.size = state["pos"], state["size"]
-        for name in self.FIELDS:
+        for name in self.fields:
             getattr(self, name)[:, : self.size] = state[name]
 
 
@@ -456,10 +515,10 @@ def first_episode_returns(model: dict, envs, eval_episodes: int, device: torch.d
     normalizer.load_state_dict(model["obs_normalizer"])
     count = min(eval_episodes, envs.num_envs)
     returns = torch.full((count,), math.nan, device=device)
-    obs = envs.reset()
+    obs, (low, high) = envs.reset(), action_bounds(envs)
     with torch.no_grad():
         for step in range(1, 100_000):
-            obs, _, _, _, info = envs.step(to_env_actions(actor(normalizer(obs)), envs.action_low, envs.action_high))
+            obs, _, _, _, info = envs.step(to_env_actions(actor(normalizer(obs)), low, high))
             first = info["done"][:count] & returns.isnan()
             returns = torch.where(first, info["episode_return"][:count], returns)
             if step % 100 == 0 and not returns.isnan().any():  # one host read every 100 steps
@@ -492,18 +551,26 @@ if __name__ == "__main__":
     simulator = validate(args)
     run = Run(args, __file__)  # seeds, picks the device, checks --resume, makes the run directory
     device = run.device
-    envs = make_envs(simulator, args.env_id, args.num_envs, device, args.seed, vars(args))
+    envs = make_envs(simulator, args.env_id, args.num_envs, device, args.seed, vars(args), random_episode_starts=True)
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
+    # mjlab's tasks give the critics observations of their own (privileged state): an asymmetric actor-critic, as the
+    # authors train on Isaac Lab's tasks. Elsewhere the critics see what the policy sees.
+    critic_obs_dim = getattr(envs, "critic_obs_dim", None)
+    if simulator == "mjlab":  # the sizes are known now, before the buffer is allocated
+        check_fits(replay_nbytes(args, obs_dim, act_dim, critic_obs_dim), device, "replay buffer", "--buffer-size")
+    action_low, action_high = action_bounds(envs)
     print(f"simulator: {simulator}, task {args.env_id}, {args.num_envs} environments, device {device}", flush=True)
 
+    critic_in = obs_dim if critic_obs_dim is None else critic_obs_dim
     actor = Actor(obs_dim, act_dim, args.actor_hidden, args.init_scale).to(device)
-    qnet = Critic(obs_dim, act_dim, args.critic_hidden, args.num_atoms, args.v_min, args.v_max).to(device)
-    qnet_target = Critic(obs_dim, act_dim, args.critic_hidden, args.num_atoms, args.v_min, args.v_max).to(device)
+    qnet = Critic(critic_in, act_dim, args.critic_hidden, args.num_atoms, args.v_min, args.v_max).to(device)
+    qnet_target = Critic(critic_in, act_dim, args.critic_hidden, args.num_atoms, args.v_min, args.v_max).to(device)
     qnet_target.load_state_dict(qnet.state_dict())
     q_optimizer = torch.optim.AdamW(qnet.parameters(), lr=args.critic_learning_rate, weight_decay=args.weight_decay)
     actor_optimizer = torch.optim.AdamW(actor.parameters(), lr=args.actor_learning_rate, weight_decay=args.weight_decay)
     obs_normalizer = ObservationNormalizer(obs_dim).to(device)
-    rb = ReplayBuffer(args.num_envs, args.buffer_size, obs_dim, act_dim, device)
+    critic_obs_normalizer = None if critic_obs_dim is None else ObservationNormalizer(critic_obs_dim).to(device)
+    rb = ReplayBuffer(args.num_envs, args.buffer_size, obs_dim, act_dim, device, critic_obs_dim)
     per_env = args.batch_size // args.num_envs
     # bf16 autocast needs no loss scaling (its exponent range is float32's).
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
@@ -512,13 +579,16 @@ if __name__ == "__main__":
         if args.max_grad_norm > 0:
             nn.utils.clip_grad_norm_(parameters, args.max_grad_norm)
 
-    def update_critic(obs, actions, rewards, discounts, next_obs, weights, smoothing_noise) -> tuple:
+    def update_critic(
+        critic_obs, actions, rewards, discounts, next_obs, next_critic_obs, weights, smoothing_noise
+    ) -> tuple:
         """One AdamW step of both critics towards the projected n-step target, averaged over the windows of weight 1;
-        their cross-entropies [2], and the fractions of targets above and below the support [2]."""
+        their cross-entropies [2], and the fractions of targets above and below the support [2]. The critics see their
+        own observations (critic_obs, next_critic_obs), the policy its own (next_obs)."""
         with torch.no_grad(), autocast:
             # No target policy: the policy's own next actions, smoothed by clipped noise (TD3's regulariser).
             next_actions = (actor(next_obs) + smoothing_noise.clamp(-args.noise_clip, args.noise_clip)).clamp(-1, 1)
-            next_probs = torch.softmax(qnet_target(next_obs, next_actions).float(), dim=-1)  # [2, batch, atoms]
+            next_probs = torch.softmax(qnet_target(next_critic_obs, next_actions).float(), dim=-1)  # [2, batch, atoms]
             targets = torch.stack(
                 [project_distribution(p, rewards, discounts, qnet_target.support) for p in next_probs]
             )
@@ -530,7 +600,7 @@ if __name__ == "__main__":
             target_q = rewards + discounts * next_q
             beyond = torch.stack([(target_q > args.v_max).float().mean(), (target_q < args.v_min).float().mean()])
         with autocast:
-            log_probs = torch.log_softmax(qnet(obs, actions).float(), dim=-1)
+            log_probs = torch.log_softmax(qnet(critic_obs, actions).float(), dim=-1)
         qf_losses = (-(targets * log_probs).sum(-1) * weights).sum(-1) / weights.sum().clamp(min=1.0)
         q_optimizer.zero_grad()
         qf_losses.sum().backward()
@@ -538,10 +608,10 @@ if __name__ == "__main__":
         q_optimizer.step()
         return qf_losses.detach(), beyond
 
-    def update_actor(obs) -> torch.Tensor:
+    def update_actor(obs, critic_obs) -> torch.Tensor:
         """One AdamW step of the policy up the critics' mean Q (the lower of the two with clipped double Q)."""
         with autocast:
-            q = qnet.q_values(qnet(obs, actor(obs)))
+            q = qnet.q_values(qnet(critic_obs, actor(obs)))
         q = q.amin(0) if args.use_cdq else q.mean(0)
         actor_loss = -q.mean()
         actor_optimizer.zero_grad()
@@ -570,6 +640,8 @@ if __name__ == "__main__":
             actor=actor, qnet=qnet, qnet_target=qnet_target, obs_normalizer=obs_normalizer
         ).items():
             module.load_state_dict(run.checkpoint[name])
+        if critic_obs_normalizer is not None:
+            critic_obs_normalizer.load_state_dict(run.checkpoint["critic_obs_normalizer"])
         q_optimizer.load_state_dict(run.checkpoint["q_optimizer"])
         actor_optimizer.load_state_dict(run.checkpoint["actor_optimizer"])
         rb.load_state_dict(run.checkpoint["replay_buffer"])
@@ -582,6 +654,8 @@ if __name__ == "__main__":
             envs.load_state_dict(run.checkpoint["envs"])
             raw_obs = run.checkpoint["raw_obs"].to(device)
         global_step, critic_updates = run.checkpoint["global_step"], run.checkpoint["critic_updates"]
+    # The critics' own observations come from the reset or step just made (mjlab's state is never saved).
+    raw_critic_obs = None if critic_obs_dim is None else envs.critic_obs
 
     def training_state() -> dict:
         """What a checkpoint holds; resuming reads back each of these."""
@@ -591,6 +665,7 @@ if __name__ == "__main__":
             qnet=qnet.state_dict(),
             qnet_target=qnet_target.state_dict(),
             obs_normalizer=obs_normalizer.state_dict(),
+            critic_obs_normalizer=None if critic_obs_normalizer is None else critic_obs_normalizer.state_dict(),
             q_optimizer=q_optimizer.state_dict(),
             actor_optimizer=actor_optimizer.state_dict(),
             replay_buffer=rb.state_dict(),
@@ -606,16 +681,19 @@ if __name__ == "__main__":
     episode_stats = torch.zeros(3, dtype=torch.float64, device=device)
     support_stats = torch.zeros(3, device=device)
     no_reset_steps = torch.zeros(args.num_envs, dtype=torch.bool, device=device)  # what the other simulators report
+    mjlab_logs: List[Dict[str, torch.Tensor]] = []  # mjlab's episode statistics since the last log line
     qf_losses = actor_loss = None  # the latest updates', read back when logged
     run.begin(training_state)
     while global_step < args.total_timesteps:
         # 1. Act: the observations enter the running statistics, the policy acts on them normalised, with each
         # environment's own noise scale; everything stays on the device.
         obs_normalizer.update(raw_obs)
+        if critic_obs_normalizer is not None:
+            critic_obs_normalizer.update(raw_critic_obs)
         noise = torch.randn(args.num_envs, act_dim, device=device)
         actions = policy_step(obs_normalizer(raw_obs), noise_scales, noise)
         next_raw_obs, rewards, terminations, truncations, info = envs.step(
-            to_env_actions(actions, envs.action_low, envs.action_high)
+            to_env_actions(actions, action_low, action_high)
         )
         rb.add(
             raw_obs,
@@ -625,10 +703,15 @@ if __name__ == "__main__":
             truncations,
             info["final_obs"],
             info.get("reset_step", no_reset_steps),
+            raw_critic_obs,
+            info.get("final_critic_obs"),
         )
+        if info.get("log"):
+            mjlab_logs.append(info["log"])
         done = info["done"]
         noise_scales = torch.where(done.view(-1, 1), draw_noise_scales(), noise_scales)  # a new episode, a new scale
         raw_obs = next_raw_obs
+        raw_critic_obs = None if critic_obs_dim is None else envs.critic_obs
         previous_step, global_step = global_step, global_step + args.num_envs
         ended = done.double()
         episode_stats += torch.stack(
@@ -640,18 +723,30 @@ if __name__ == "__main__":
         # statistics of the moment (not updated by them).
         if global_step > args.learning_starts:
             for _ in range(args.num_updates):
-                obs_b, actions_b, rewards_b, discounts_b, next_obs_b, weights_b = rb.sample(
-                    per_env, args.n_steps, args.gamma
+                obs_b, actions_b, rewards_b, discounts_b, next_obs_b, weights_b, critic_obs_b, next_critic_obs_b = (
+                    rb.sample(per_env, args.n_steps, args.gamma)
                 )
                 obs_b, next_obs_b = obs_normalizer(obs_b), obs_normalizer(next_obs_b)
+                if critic_obs_normalizer is None:
+                    critic_obs_b, next_critic_obs_b = obs_b, next_obs_b
+                else:
+                    critic_obs_b = critic_obs_normalizer(critic_obs_b)
+                    next_critic_obs_b = critic_obs_normalizer(next_critic_obs_b)
                 smoothing_noise = torch.randn_like(actions_b) * args.policy_noise
                 qf_losses, beyond = update_critic(
-                    obs_b, actions_b, rewards_b, discounts_b, next_obs_b, weights_b, smoothing_noise
+                    critic_obs_b,
+                    actions_b,
+                    rewards_b,
+                    discounts_b,
+                    next_obs_b,
+                    next_critic_obs_b,
+                    weights_b,
+                    smoothing_noise,
                 )
                 support_stats += torch.cat([beyond, beyond.new_ones(1)])
                 critic_updates += 1
                 if critic_updates % args.policy_frequency == 0:
-                    actor_loss = update_actor(obs_b)
+                    actor_loss = update_actor(obs_b, critic_obs_b)
                 with torch.no_grad():
                     torch._foreach_lerp_(list(qnet_target.parameters()), list(qnet.parameters()), args.tau)
 
@@ -673,6 +768,13 @@ if __name__ == "__main__":
                 support_stats.zero_()
             if actor_loss is not None:
                 scalars["losses/actor_loss"] = actor_loss
+            # mjlab's own episode statistics (reward terms, termination causes, metrics), averaged over its logs
+            for key in sorted({key for log in mjlab_logs for key in log}):
+                logged = [
+                    torch.as_tensor(log[key], dtype=torch.float32, device=device) for log in mjlab_logs if key in log
+                ]
+                scalars[f"mjlab/{key}"] = torch.stack(logged).mean()
+            mjlab_logs.clear()
             logged = run.log(global_step, scalars)
             above, below = (
                 logged.get("losses/targets_above_support", 0.0),

@@ -72,7 +72,9 @@ def test_n_step_windows_stop_at_episode_ends_and_the_newest_step_and_bootstrap_o
     gamma, n = 0.9, 4
     columns = {name: getattr(rb, name) for name in ("rewards", "terminations", "truncations")}
     starts = torch.arange(rb.size).repeat(3, 1)  # every stored step of every env
-    obs, actions, rewards, discounts, next_obs, weights = rb.n_step_window(starts, n, gamma)
+    obs, actions, rewards, discounts, next_obs, weights, *critics_obs = rb.n_step_window(starts, n, gamma)
+    # no critic observations of their own: the critics see the policy's
+    assert torch.equal(critics_obs[0], obs) and torch.equal(critics_obs[1], next_obs)
     newest = (rb.pos - 1) % 9
     cut = {"terminated": 0, "truncated": 0, "newest": 0, "full": 0}
     for env in range(3):
@@ -177,6 +179,7 @@ STEP_NAMES = ["actions", "noise", "noise_scales", "next_raw_obs", "rewards", "te
 STEP_NAMES += ["actor", "obs_normalizer"]
 AT_BACKWARD = ["obs", "actions", "rewards", "discounts", "next_obs", "smoothing_noise", "qnet", "qnet_target", "actor"]
 AT_BACKWARD += ["critic_updates", "actor_loss", "obs_normalizer", "rb", "weights", "global_step"]
+AT_BACKWARD += ["critic_obs", "next_critic_obs"]  # the critics' inputs: the policy's observations here
 GRADS = ["qnet", "qnet_target", "actor"]
 GAMMA, TAU, N_STEPS, LOW, HIGH = 0.9, 0.1, 3, np.array([-1.0, 0.0]), np.array([2.0, 5.0])
 # The same loop and checks on envpool's C++ InvertedDoublePendulum (its pole falls within ~7-11 steps under these small
@@ -276,7 +279,7 @@ def projected_target(entry: dict, support: np.ndarray) -> tuple[torch.Tensor, to
         noise = entry["smoothing_noise"].double().clamp(-0.5, 0.5)
         next_actions = (plain_actor(entry["actor"], entry["next_obs"]) + noise).clamp(-1, 1)
         next_probs = [
-            torch.softmax(plain_critic_logits(entry["qnet_target"], i, entry["next_obs"], next_actions), -1)
+            torch.softmax(plain_critic_logits(entry["qnet_target"], i, entry["next_critic_obs"], next_actions), -1)
             for i in (0, 1)
         ]
         means = [(p * torch.as_tensor(support)).sum(-1) for p in next_probs]
@@ -289,14 +292,8 @@ def projected_target(entry: dict, support: np.ndarray) -> tuple[torch.Tensor, to
 def reference_critic_loss(entry: dict, qnet: dict, target: torch.Tensor) -> torch.Tensor:
     """Both critics' cross-entropies to the target, each averaged over the windows of weight 1, summed."""
     weights = entry["weights"].double()
-    return sum(
-        (
-            -(target * torch.log_softmax(plain_critic_logits(qnet, i, entry["obs"], entry["actions"]), -1)).sum(-1)
-            * weights
-        ).sum()
-        / weights.sum()
-        for i in (0, 1)
-    )
+    logits = [plain_critic_logits(qnet, i, entry["critic_obs"], entry["actions"]) for i in (0, 1)]
+    return sum((-(target * torch.log_softmax(x, -1)).sum(-1) * weights).sum() / weights.sum() for x in logits)
 
 
 def test_each_critic_update_is_the_cross_entropy_to_the_projected_clipped_double_q_target(probed):
@@ -358,7 +355,7 @@ def test_sampled_windows_are_the_stored_steps_n_step_transitions_at_the_time(pro
                 and abs(windows[(env, start)][1] - float(entry["discounts"][i])) < 1e-6
             ]
             assert matches, f"update {entry['critic_updates']}, row {i}: no stored window of env {env} matches"
-            torch.testing.assert_close(entry["obs"][i], normalise(norm, final["obs"][env, matches[0]]))
+            torch.testing.assert_close(entry["critic_obs"][i], normalise(norm, final["obs"][env, matches[0]]))
 
 
 def test_the_policy_updates_after_every_second_critic_update_on_the_lower_critic(probed):
@@ -372,7 +369,7 @@ def test_the_policy_updates_after_every_second_critic_update_on_the_lower_critic
         actions = plain_actor(actor, entry["obs"])
         q = [
             (
-                torch.softmax(plain_critic_logits(entry["qnet"], i, entry["obs"], actions), -1)
+                torch.softmax(plain_critic_logits(entry["qnet"], i, entry["critic_obs"], actions), -1)
                 * torch.linspace(-5, 5, 11).double()
             ).sum(-1)
             for i in (0, 1)
@@ -412,7 +409,7 @@ def isaacgym_probed(tmp_path_factory):
     isaacgym_double.write_shims(shims)
     cwd = tmp_path_factory.mktemp("isaacgym_probe")
     at_backward = ["obs", "actions", "rewards", "discounts", "next_obs", "smoothing_noise", "qnet", "qnet_target"]
-    at_backward += ["actor", "weights", "critic_updates", "global_step"]
+    at_backward += ["actor", "weights", "critic_updates", "global_step", "critic_obs", "next_critic_obs"]
     trace = probe_script(
         SCRIPT,
         ISAACGYM_FLAGS,
@@ -674,3 +671,15 @@ def test_envpool_sigkill_then_resume_says_so_and_continues_all_but_the_episodes(
     assert all(torch.equal(rb[name][:, kept], saved[name][:, kept]) for name in fast_td3.ReplayBuffer.FIELDS)
     # The statistics continue: every observation acted on after the resume (2 a step) joins the saved ones.
     assert final["obs_normalizer"]["count"].item() == killed["obs_normalizer"]["count"].item() + 2 * steps
+
+
+def test_actions_of_a_task_without_bounds_are_the_policys_own():
+    """mjlab's tasks have no action bounds (joint offsets): the policy's [-1, 1] goes to the task as it is (the authors'
+    Isaac Lab action_bounds 1.0); finite bounds keep their mapping."""
+    from types import SimpleNamespace
+
+    envs = SimpleNamespace(action_low=torch.tensor([-np.inf, -2.0]), action_high=torch.tensor([np.inf, 3.0]))
+    low, high = fast_td3.action_bounds(envs)
+    assert torch.equal(low, torch.tensor([-1.0, -2.0])) and torch.equal(high, torch.tensor([1.0, 3.0]))
+    actions = torch.tensor([[0.5, 1.0], [-1.0, -1.0]])
+    assert torch.equal(fast_td3.to_env_actions(actions, low, high), torch.tensor([[0.5, 3.0], [-1.0, -2.0]]))
