@@ -9,14 +9,17 @@ temperature steps after every critic update toward entropy 0 (from alpha 0.001);
 on batches of 8,192, gamma 0.97, AdamW betas (0.9, 0.95), weight decay 0.001; `--amp` (bf16), `--compile`.
 
 Action space: a one-dimensional Box (the policy acts in [-1, 1], mapped onto the bounds). `--simulator`: MuJoCo Warp
-(default unless Isaac Gym is importable), Isaac Gym, envpool or gymnasium (Ant -> Ant-v5 ...), as fast_td3_isaacgym.py,
-whose plumbing this shares (n-step windows, normaliser, per-task critic support, Isaac Gym's reset steps masked).
-Unlike the authors: the log-probability is the action's in [-1, 1] (no per-joint scale), and the temperature's AdamW
-has no weight decay (theirs, 0.01, pulls log alpha toward 0).
+(default unless Isaac Gym is importable), Isaac Gym, envpool, gymnasium (Ant -> Ant-v5 ...) or mjlab (the critics on
+its privileged observations, as the authors' actor and critic observation keys), as fast_td3_isaacgym.py, whose
+plumbing this shares (n-step windows, normaliser, per-task critic support, Isaac Gym's reset steps masked).
+Unlike the authors: the log-probability is the action's in [-1, 1] (no per-joint scale; on mjlab [-1, 1] is the
+action), and the temperature's AdamW has no weight decay (theirs, 0.01, pulls log alpha toward 0).
 
     uv run python cleanrl/fast_sac_isaacgym.py --env-id Humanoid
     uv run python cleanrl/fast_sac_isaacgym.py --simulator gymnasium --env-id Hopper-v5 --num-envs 16 \\
         --batch-size 256 --buffer-size 20000 --learning-starts 5000
+    uv run --project projects/mjlab python cleanrl/fast_sac_isaacgym.py --simulator mjlab \\
+        --env-id Mjlab-Velocity-Flat-Unitree-G1 --num-envs 4096
 """
 
 import importlib.util
@@ -25,7 +28,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Literal, Optional, Union
+from typing import Dict, List, Literal, Optional, Union
 
 import numpy as np
 
@@ -41,6 +44,7 @@ from cleanrl_utils.checkpoint import load_model
 from cleanrl_utils.envs.envpool_mujoco_env import ENVPOOL_TASKS, EnvPoolMuJoCoVecEnv
 from cleanrl_utils.envs.gymnasium_vec_env import GymnasiumVecEnv
 from cleanrl_utils.envs.isaacgym_env import ISAACGYM_INSTALL, IsaacGymVecEnv, isaacgym_available, isaacgym_tasks
+from cleanrl_utils.envs.mjlab_env import MjlabVecEnv, task_problem
 from cleanrl_utils.envs.mujoco_warp_env import WARP_TASKS, MuJoCoWarpVecEnv
 from cleanrl_utils.errors import check_env_id, check_fits, check_positive, fail
 from cleanrl_utils.run import Run
@@ -80,15 +84,16 @@ class Args:
     """total timesteps of the experiment (over all environments)"""
 
     # Algorithm specific arguments
-    simulator: Literal["auto", "isaacgym", "mujoco-warp", "envpool", "gymnasium"] = "auto"
+    simulator: Literal["auto", "isaacgym", "mujoco-warp", "envpool", "gymnasium", "mjlab"] = "auto"
     """the simulator: auto takes Isaac Gym when it is importable, MuJoCo Warp otherwise; envpool (C++ MuJoCo, the
-    fastest on a CPU) and gymnasium (SyncVectorEnv) run on the CPU"""
+    fastest on a CPU) and gymnasium (SyncVectorEnv) run on the CPU; mjlab its robot tasks (run with
+    `uv run --project projects/mjlab`)"""
     envpool_threads: int = 0
     """envpool: its worker threads (0: envpool's choice, one per core)"""
     nconmax: Optional[int] = None
-    """MuJoCo Warp: contact slots per world, pooled across worlds (None: the task's default in WARP_TASKS)"""
+    """MuJoCo Warp and mjlab: contact slots per world, pooled across worlds (None: the task's default)"""
     njmax: Optional[int] = None
-    """MuJoCo Warp: constraint rows per world (None: the task's default in WARP_TASKS)"""
+    """MuJoCo Warp and mjlab: constraint rows per world (None: the task's default)"""
     num_envs: int = 1024
     """the number of parallel environments"""
     buffer_size: int = 1024
@@ -162,11 +167,16 @@ REWARD_RANGES = {
     "isaacgym": {"Ant": (-2.0, 10.0), "Humanoid": (-2.0, 10.0)},
 }
 DEFAULT_SUPPORT = (-20.0, 20.0)  # the authors' default (their humanoid tasks' scale), for tasks not listed above
+# mjlab's tasks (Isaac Lab's, on MuJoCo Warp) scale each reward term by the step's duration: FastTD3's Isaac Lab preset
+# (fast_td3_isaacgym.py's MJLAB_SUPPORT), whatever gamma.
+MJLAB_SUPPORT = (-10.0, 10.0)
 
 
 def task_support(simulator: str, env_id: str, gamma: float) -> tuple:
     """The critics' support (v_min, v_max) for a task: its REWARD_RANGES entry over 1 - gamma (gymnasium's MuJoCo ids
-    by their name, Hopper-v5 as Hopper), else DEFAULT_SUPPORT."""
+    by their name, Hopper-v5 as Hopper), MJLAB_SUPPORT for mjlab's tasks, else DEFAULT_SUPPORT."""
+    if simulator == "mjlab":
+        return MJLAB_SUPPORT
     family, name = ("isaacgym", env_id) if simulator == "isaacgym" else ("mujoco", env_id.split("-v")[0])
     if name not in REWARD_RANGES[family]:
         return DEFAULT_SUPPORT
@@ -185,20 +195,41 @@ def gymnasium_id(env_id: str) -> str:
     return ENVPOOL_TASKS.get(env_id, env_id)
 
 
-def make_envs(simulator: str, env_id: str, num_envs: int, device: torch.device, seed: int, args: dict):
+def make_envs(
+    simulator: str,
+    env_id: str,
+    num_envs: int,
+    device: torch.device,
+    seed: int,
+    args: dict,
+    random_episode_starts: bool = False,
+):
+    """random_episode_starts (mjlab; training, not evaluation): the first episodes start at random points of the time
+    limit, as the authors start theirs, so that the time-outs of thousands of envs spread out."""
     if simulator == "isaacgym":
         return IsaacGymVecEnv(env_id, num_envs, device, seed)
     if simulator == "envpool":
         return EnvPoolMuJoCoVecEnv(env_id, num_envs, device, seed, num_threads=args.get("envpool_threads", 0))
     if simulator == "gymnasium":
         return GymnasiumVecEnv(gymnasium_id(env_id), num_envs, device, seed)
+    if simulator == "mjlab":
+        nconmax, njmax = args.get("nconmax"), args.get("njmax")
+        return MjlabVecEnv(env_id, num_envs, device, seed, None, random_episode_starts, nconmax, njmax)
     return MuJoCoWarpVecEnv(env_id, num_envs, device, seed, nconmax=args.get("nconmax"), njmax=args.get("njmax"))
 
 
-def replay_nbytes(args: Args, obs_dim: int, act_dim: int) -> int:
-    """Bytes of the replay buffer: observations and true next observations, actions, rewards (float32) and three bool
-    flags (counted as 4 bytes each: a bound from above)."""
-    return args.num_envs * args.buffer_size * (2 * obs_dim + act_dim + 4) * 4
+def replay_nbytes(args: Args, obs_dim: int, act_dim: int, critic_obs_dim: Optional[int] = None) -> int:
+    """Bytes of the replay buffer: observations and true next observations (and the critics' own, where the task has
+    them), actions, rewards (float32) and three bool flags (counted as 4 bytes each: a bound from above)."""
+    return args.num_envs * args.buffer_size * (2 * obs_dim + 2 * (critic_obs_dim or 0) + act_dim + 4) * 4
+
+
+def action_bounds(envs) -> tuple:
+    """The bounds the policy's [-1, 1] maps onto: the task's; where it has none (mjlab's joint-offset actions), [-1, 1]
+    itself, as FastTD3's authors run Isaac Lab's tasks (the FastSAC authors scale each joint so that 1 reaches its
+    furthest limit; mjlab's actions are offsets scaled by the task already)."""
+    low, high = envs.action_low, envs.action_high
+    return torch.where(low.isinf(), -1.0, low), torch.where(high.isinf(), 1.0, high)
 
 
 def validate(args: Args) -> str:
@@ -240,6 +271,11 @@ def validate(args: Args) -> str:
         fail("--simulator mujoco-warp needs the mujoco-warp package (Python >= 3.11): uv sync")
     if simulator == "envpool" and importlib.util.find_spec("envpool") is None:
         fail("--simulator envpool needs the envpool package (Python >= 3.11): uv sync --extra envpool")
+    if simulator == "mjlab":  # mjlab missing, an unknown task, a Tracking task without its motion file ...
+        problem = task_problem(args.env_id, "fast_sac_isaacgym.py")
+        if problem:
+            fail(problem)
+        return simulator  # the buffer's size is checked once the task is built and its sizes are known
     if simulator == "gymnasium":
         import gymnasium as gym
 
@@ -373,12 +409,21 @@ class ReplayBuffer:
     observation acted on, the action in [-1, 1], the reward, whether the step terminated or truncated its episode, the
     true next observation (the final one where the episode ended), and whether the step was a simulator's reset step
     (Isaac Gym resets an ended episode during the next step, which acts on the final observation and lands on the new
-    episode: no transition of either). Written one column (all environments) per step; sampled evenly per
-    environment."""
+    episode: no transition of either); with critic_obs_dim, the critics' own observations at both ends too (mjlab's
+    "critic" group). Written one column (all environments) per step; sampled evenly per environment."""
 
     FIELDS = ("obs", "actions", "rewards", "terminations", "truncations", "next_obs", "reset_steps")
+    CRITIC_FIELDS = ("critic_obs", "next_critic_obs")
 
-    def __init__(self, num_envs: int, buffer_size: int, obs_dim: int, act_dim: int, device: torch.device):
+    def __init__(
+        self,
+        num_envs: int,
+        buffer_size: int,
+        obs_dim: int,
+        act_dim: int,
+        device: torch.device,
+        critic_obs_dim: Optional[int] = None,
+    ):
         rows = (num_envs, buffer_size)
         self.obs = torch.zeros(rows + (obs_dim,), device=device)
         self.actions = torch.zeros(rows + (act_dim,), device=device)
@@ -387,10 +432,17 @@ class ReplayBuffer:
         self.truncations = torch.zeros(rows, dtype=torch.bool, device=device)
         self.next_obs = torch.zeros(rows + (obs_dim,), device=device)
         self.reset_steps = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.fields = self.FIELDS
+        if critic_obs_dim is not None:
+            self.critic_obs = torch.zeros(rows + (critic_obs_dim,), device=device)
+            self.next_critic_obs = torch.zeros(rows + (critic_obs_dim,), device=device)
+            self.fields = self.FIELDS + self.CRITIC_FIELDS
         self.num_envs, self.buffer_size, self.pos, self.size = num_envs, buffer_size, 0, 0
 
-    def add(self, obs, actions, rewards, terminations, truncations, next_obs, reset_steps) -> None:
-        for name, value in zip(self.FIELDS, (obs, actions, rewards, terminations, truncations, next_obs, reset_steps)):
+    def add(self, obs, actions, rewards, terminations, truncations, next_obs, reset_steps, *critic_obs) -> None:
+        """critic_obs: the critics' own observation and true next observation, for a buffer that keeps them."""
+        values = (obs, actions, rewards, terminations, truncations, next_obs, reset_steps, *critic_obs)
+        for name, value in zip(self.fields, values):
             getattr(self, name)[:, self.pos] = value
         self.pos = (self.pos + 1) % self.buffer_size
         self.size = min(self.size + 1, self.buffer_size)
@@ -402,8 +454,9 @@ class ReplayBuffer:
 
     def n_step_window(self, starts: torch.Tensor, n_steps: int, gamma: float):
         """The n-step transitions starting at the columns `starts` [num_envs, k] of each environment, flattened to
-        [num_envs * k]: (obs, actions, n-step discounted rewards, the bootstrap's discount, next_obs, and a weight: 0
-        for a window that starts at a reset step, which learns nothing, 1 otherwise). A window of up to `n_steps`
+        [num_envs * k]: (obs, actions, n-step discounted rewards, the bootstrap's discount, next_obs, a weight: 0 for a
+        window that starts at a reset step, which learns nothing, 1 otherwise, and the critics' obs and next_obs: their
+        own where the buffer keeps them, else obs and next_obs). A window of up to `n_steps`
         steps stops at the first step that ends its episode (a termination or a truncation) and at the
         newest step stored; it bootstraps from the true next observation of its last step with discount
         gamma^length, unless that step terminated (discount 0)."""
@@ -431,16 +484,20 @@ class ReplayBuffer:
             self.next_obs[envs, last_rows],
             (~self.reset_steps[envs, starts]).float(),
         )
+        if self.fields == self.FIELDS:  # the critics see what the policy sees
+            out = out + (out[0], out[4])
+        else:
+            out = out + (self.critic_obs[envs, starts], self.next_critic_obs[envs, last_rows])
         return tuple(x.flatten(0, 1) for x in out)
 
     def state_dict(self) -> dict:
         """The columns written so far (all of them once the buffer is full) and the write position, on the CPU."""
-        state = {name: getattr(self, name)[:, : self.size].cpu() for name in self.FIELDS}
+        state = {name: getattr(self, name)[:, : self.size].cpu() for name in self.fields}
         return {**state, "pos": self.pos, "size": self.size}
 
     def load_state_dict(self, state: dict) -> None:
         self.pos, self.size = state["pos"], state["size"]
-        for name in self.FIELDS:
+        for name in self.fields:
             getattr(self, name)[:, : self.size] = state[name]
 
 
@@ -482,11 +539,11 @@ def first_episode_returns(model: dict, envs, eval_episodes: int, device: torch.d
     normalizer.load_state_dict(model["obs_normalizer"])
     count = min(eval_episodes, envs.num_envs)
     returns = torch.full((count,), math.nan, device=device)
-    obs = envs.reset()
+    obs, (low, high) = envs.reset(), action_bounds(envs)
     with torch.no_grad():
         for step in range(1, 100_000):
             actions = actor.deterministic(normalizer(obs))
-            obs, _, _, _, info = envs.step(to_env_actions(actions, envs.action_low, envs.action_high))
+            obs, _, _, _, info = envs.step(to_env_actions(actions, low, high))
             first = info["done"][:count] & returns.isnan()
             returns = torch.where(first, info["episode_return"][:count], returns)
             if step % 100 == 0 and not returns.isnan().any():  # one host read every 100 steps
@@ -519,13 +576,20 @@ if __name__ == "__main__":
     simulator = validate(args)
     run = Run(args, __file__)  # seeds, picks the device, checks --resume, makes the run directory
     device = run.device
-    envs = make_envs(simulator, args.env_id, args.num_envs, device, args.seed, vars(args))
+    envs = make_envs(simulator, args.env_id, args.num_envs, device, args.seed, vars(args), random_episode_starts=True)
     obs_dim, act_dim = envs.obs_dim, envs.act_dim
+    # mjlab's tasks give the critics observations of their own (privileged state): an asymmetric actor-critic, as the
+    # authors train their humanoids (actor and critic observation keys). Elsewhere the critics see what the policy sees.
+    critic_obs_dim = getattr(envs, "critic_obs_dim", None)
+    if simulator == "mjlab":  # the sizes are known now, before the buffer is allocated
+        check_fits(replay_nbytes(args, obs_dim, act_dim, critic_obs_dim), device, "replay buffer", "--buffer-size")
+    action_low, action_high = action_bounds(envs)
     print(f"simulator: {simulator}, task {args.env_id}, {args.num_envs} environments, device {device}", flush=True)
 
+    critic_in = obs_dim if critic_obs_dim is None else critic_obs_dim
     actor = Actor(obs_dim, act_dim, args.actor_hidden, args.log_std_min, args.log_std_max).to(device)
-    qnet = Critic(obs_dim, act_dim, args.critic_hidden, args.num_atoms, args.v_min, args.v_max).to(device)
-    qnet_target = Critic(obs_dim, act_dim, args.critic_hidden, args.num_atoms, args.v_min, args.v_max).to(device)
+    qnet = Critic(critic_in, act_dim, args.critic_hidden, args.num_atoms, args.v_min, args.v_max).to(device)
+    qnet_target = Critic(critic_in, act_dim, args.critic_hidden, args.num_atoms, args.v_min, args.v_max).to(device)
     qnet_target.load_state_dict(qnet.state_dict())
     betas = (0.9, 0.95)  # the authors' AdamW betas, for all three
     q_optimizer = torch.optim.AdamW(
@@ -538,7 +602,8 @@ if __name__ == "__main__":
     alpha_optimizer = torch.optim.AdamW([log_alpha], lr=args.alpha_learning_rate, weight_decay=0.0, betas=betas)
     target_entropy = -args.target_entropy_ratio * act_dim
     obs_normalizer = ObservationNormalizer(obs_dim).to(device)
-    rb = ReplayBuffer(args.num_envs, args.buffer_size, obs_dim, act_dim, device)
+    critic_obs_normalizer = None if critic_obs_dim is None else ObservationNormalizer(critic_obs_dim).to(device)
+    rb = ReplayBuffer(args.num_envs, args.buffer_size, obs_dim, act_dim, device, critic_obs_dim)
     per_env = args.batch_size // args.num_envs
     # bf16 autocast needs no loss scaling (its exponent range is float32's).
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
@@ -547,14 +612,16 @@ if __name__ == "__main__":
         if args.max_grad_norm > 0:
             nn.utils.clip_grad_norm_(parameters, args.max_grad_norm)
 
-    def update_critic(obs, actions, rewards, discounts, next_obs, weights, next_noise) -> tuple:
+    def update_critic(critic_obs, actions, rewards, discounts, next_obs, next_critic_obs, weights, next_noise) -> tuple:
         """One AdamW step of both critics, each toward the projected soft n-step target of its own target critic,
         averaged over the windows of weight 1; their cross-entropies [2], the fractions of targets above and below the
-        support [2], and the next actions' log-probabilities (for the temperature)."""
+        support [2], and the next actions' log-probabilities (for the temperature). The critics see their own
+        observations (critic_obs, next_critic_obs), the policy its own (next_obs)."""
         with torch.no_grad(), autocast:
             next_actions, next_log_probs = actor.sample(next_obs, next_noise)
             next_log_probs = next_log_probs.float()
-            next_probs = torch.softmax(qnet_target(next_obs, next_actions.float()).float(), dim=-1)  # [2, batch, atoms]
+            next_logits = qnet_target(next_critic_obs, next_actions.float())
+            next_probs = torch.softmax(next_logits.float(), dim=-1)  # [2, batch, atoms]
             # The entropy bonus enters as a reward at the bootstrap: r + discount * (z - alpha log pi(a'|s')).
             soft_rewards = rewards - discounts * log_alpha.exp() * next_log_probs
             targets = torch.stack(
@@ -564,7 +631,7 @@ if __name__ == "__main__":
             target_q = soft_rewards + discounts * (next_probs * qnet_target.support).sum(-1)  # [2, batch]
             beyond = torch.stack([(target_q > args.v_max).float().mean(), (target_q < args.v_min).float().mean()])
         with autocast:
-            log_probs = torch.log_softmax(qnet(obs, actions).float(), dim=-1)
+            log_probs = torch.log_softmax(qnet(critic_obs, actions).float(), dim=-1)
         qf_losses = (-(targets * log_probs).sum(-1) * weights).sum(-1) / weights.sum().clamp(min=1.0)
         q_optimizer.zero_grad()
         qf_losses.sum().backward()
@@ -580,11 +647,11 @@ if __name__ == "__main__":
         alpha_optimizer.step()
         return alpha_loss.detach()
 
-    def update_actor(obs, noise) -> torch.Tensor:
+    def update_actor(obs, critic_obs, noise) -> torch.Tensor:
         """One AdamW step of the policy down alpha log pi - (the critics' mean Q), alpha held constant."""
         with autocast:
             actions, log_probs = actor.sample(obs, noise)
-            q = qnet.q_values(qnet(obs, actions)).mean(0)
+            q = qnet.q_values(qnet(critic_obs, actions)).mean(0)
         actor_loss = (log_alpha.detach().exp() * log_probs.float() - q).mean()
         actor_optimizer.zero_grad()
         actor_loss.backward()
@@ -608,6 +675,8 @@ if __name__ == "__main__":
             actor=actor, qnet=qnet, qnet_target=qnet_target, obs_normalizer=obs_normalizer
         ).items():
             module.load_state_dict(run.checkpoint[name])
+        if critic_obs_normalizer is not None:
+            critic_obs_normalizer.load_state_dict(run.checkpoint["critic_obs_normalizer"])
         q_optimizer.load_state_dict(run.checkpoint["q_optimizer"])
         actor_optimizer.load_state_dict(run.checkpoint["actor_optimizer"])
         alpha_optimizer.load_state_dict(run.checkpoint["alpha_optimizer"])
@@ -622,6 +691,8 @@ if __name__ == "__main__":
             envs.load_state_dict(run.checkpoint["envs"])
             raw_obs = run.checkpoint["raw_obs"].to(device)
         global_step, critic_updates = run.checkpoint["global_step"], run.checkpoint["critic_updates"]
+    # The critics' own observations come from the reset or step just made (mjlab's state is never saved).
+    raw_critic_obs = None if critic_obs_dim is None else envs.critic_obs
 
     def training_state() -> dict:
         """What a checkpoint holds; resuming reads back each of these."""
@@ -631,6 +702,7 @@ if __name__ == "__main__":
             qnet=qnet.state_dict(),
             qnet_target=qnet_target.state_dict(),
             obs_normalizer=obs_normalizer.state_dict(),
+            critic_obs_normalizer=None if critic_obs_normalizer is None else critic_obs_normalizer.state_dict(),
             q_optimizer=q_optimizer.state_dict(),
             actor_optimizer=actor_optimizer.state_dict(),
             alpha_optimizer=alpha_optimizer.state_dict(),
@@ -647,16 +719,19 @@ if __name__ == "__main__":
     episode_stats = torch.zeros(3, dtype=torch.float64, device=device)
     support_stats = torch.zeros(3, device=device)
     no_reset_steps = torch.zeros(args.num_envs, dtype=torch.bool, device=device)  # what the other simulators report
+    mjlab_logs: List[Dict[str, torch.Tensor]] = []  # mjlab's episode statistics since the last log line
     qf_losses = actor_loss = alpha_loss = None  # the latest updates', read back when logged
     run.begin(training_state)
     while global_step < args.total_timesteps:
         # 1. Act: the observations enter the running statistics, the policy samples its actions on them normalised;
         # everything stays on the device.
         obs_normalizer.update(raw_obs)
+        if critic_obs_normalizer is not None:
+            critic_obs_normalizer.update(raw_critic_obs)
         noise = torch.randn(args.num_envs, act_dim, device=device)
         actions = policy_step(obs_normalizer(raw_obs), noise)
         next_raw_obs, rewards, terminations, truncations, info = envs.step(
-            to_env_actions(actions, envs.action_low, envs.action_high)
+            to_env_actions(actions, action_low, action_high)
         )
         rb.add(
             raw_obs,
@@ -666,8 +741,13 @@ if __name__ == "__main__":
             truncations,
             info["final_obs"],
             info.get("reset_step", no_reset_steps),
+            raw_critic_obs,
+            info.get("final_critic_obs"),
         )
+        if info.get("log"):
+            mjlab_logs.append(info["log"])
         raw_obs = next_raw_obs
+        raw_critic_obs = None if critic_obs_dim is None else envs.critic_obs
         previous_step, global_step = global_step, global_step + args.num_envs
         ended = info["done"].double()
         episode_stats += torch.stack(
@@ -679,20 +759,32 @@ if __name__ == "__main__":
         # normalised with the statistics of the moment (not updated by them).
         if global_step > args.learning_starts:
             for _ in range(args.num_updates):
-                obs_b, actions_b, rewards_b, discounts_b, next_obs_b, weights_b = rb.sample(
-                    per_env, args.n_steps, args.gamma
+                obs_b, actions_b, rewards_b, discounts_b, next_obs_b, weights_b, critic_obs_b, next_critic_obs_b = (
+                    rb.sample(per_env, args.n_steps, args.gamma)
                 )
                 obs_b, next_obs_b = obs_normalizer(obs_b), obs_normalizer(next_obs_b)
+                if critic_obs_normalizer is None:
+                    critic_obs_b, next_critic_obs_b = obs_b, next_obs_b
+                else:
+                    critic_obs_b = critic_obs_normalizer(critic_obs_b)
+                    next_critic_obs_b = critic_obs_normalizer(next_critic_obs_b)
                 next_noise = torch.randn_like(actions_b)
                 qf_losses, beyond, next_log_probs = update_critic(
-                    obs_b, actions_b, rewards_b, discounts_b, next_obs_b, weights_b, next_noise
+                    critic_obs_b,
+                    actions_b,
+                    rewards_b,
+                    discounts_b,
+                    next_obs_b,
+                    next_critic_obs_b,
+                    weights_b,
+                    next_noise,
                 )
                 if args.autotune:
                     alpha_loss = update_temperature(next_log_probs, weights_b)
                 support_stats += torch.cat([beyond, beyond.new_ones(1)])
                 critic_updates += 1
                 if critic_updates % args.policy_frequency == 0:
-                    actor_loss = update_actor(obs_b, torch.randn_like(actions_b))
+                    actor_loss = update_actor(obs_b, critic_obs_b, torch.randn_like(actions_b))
                 with torch.no_grad():
                     torch._foreach_lerp_(list(qnet_target.parameters()), list(qnet.parameters()), args.tau)
 
@@ -717,6 +809,13 @@ if __name__ == "__main__":
                 scalars["losses/actor_loss"] = actor_loss
             if alpha_loss is not None:
                 scalars["losses/alpha_loss"] = alpha_loss
+            # mjlab's own episode statistics (reward terms, termination causes, metrics), averaged over its logs
+            for key in sorted({key for log in mjlab_logs for key in log}):
+                logged = [
+                    torch.as_tensor(log[key], dtype=torch.float32, device=device) for log in mjlab_logs if key in log
+                ]
+                scalars[f"mjlab/{key}"] = torch.stack(logged).mean()
+            mjlab_logs.clear()
             logged = run.log(global_step, scalars)
             above, below = (
                 logged.get("losses/targets_above_support", 0.0),

@@ -112,7 +112,9 @@ def test_the_replay_buffers_n_step_windows_stop_at_ends_and_the_newest_step():
     fill(rb, 23)  # wrapped around twice
     columns = {name: getattr(rb, name) for name in ("rewards", "terminations", "truncations")}
     starts = torch.arange(rb.size).repeat(3, 1)
-    _, _, rewards, discounts, next_obs, weights = rb.n_step_window(starts, 4, 0.9)
+    obs, _, rewards, discounts, next_obs, weights, *critics_obs = rb.n_step_window(starts, 4, 0.9)
+    # no critic observations of their own: the critics see the policy's
+    assert torch.equal(critics_obs[0], obs) and torch.equal(critics_obs[1], next_obs)
     newest = (rb.pos - 1) % 9
     for env in range(3):
         for start in range(rb.size):
@@ -138,6 +140,7 @@ STEP_NAMES = ["actions", "noise", "next_raw_obs", "rewards", "terminations", "tr
 STEP_NAMES += ["obs_normalizer"]
 AT_BACKWARD = ["obs", "actions", "rewards", "discounts", "next_obs", "next_noise", "noise", "weights", "qnet"]
 AT_BACKWARD += ["qnet_target", "actor", "log_alpha", "next_log_probs", "critic_updates", "obs_normalizer", "rb"]
+AT_BACKWARD += ["critic_obs", "next_critic_obs"]  # the critics' inputs: the policy's observations here
 GRADS = ["qnet", "qnet_target", "actor", "log_alpha"]
 GAMMA, TAU, N_STEPS, TARGET_ENTROPY = 0.9, 0.125, 3, -1.0
 SUPPORT = np.linspace(-5, 5, 11)
@@ -217,7 +220,8 @@ def soft_targets(entry: dict) -> tuple:
         soft_rewards = rewards - discounts * alpha * next_log_probs
         targets, means = [], []
         for i in (0, 1):
-            probs = torch.softmax(plain_critic_logits(entry["qnet_target"], i, entry["next_obs"], next_actions), -1)
+            logits = plain_critic_logits(entry["qnet_target"], i, entry["next_critic_obs"], next_actions)
+            probs = torch.softmax(logits, -1)
             targets.append(
                 torch.as_tensor(reference_projection(probs.numpy(), soft_rewards.numpy(), discounts.numpy(), SUPPORT))
             )
@@ -258,9 +262,10 @@ def test_each_critic_update_is_the_cross_entropy_to_its_own_target_critics_proje
         assert torch.equal(weights, torch.ones(16))  # no reset steps on gymnasium's path
         loss = sum(
             (
-                -(targets[i] * torch.log_softmax(plain_critic_logits(qnet, i, entry["obs"], entry["actions"]), -1)).sum(
-                    -1
-                )
+                -(
+                    targets[i]
+                    * torch.log_softmax(plain_critic_logits(qnet, i, entry["critic_obs"], entry["actions"]), -1)
+                ).sum(-1)
             )
             .mul(weights)
             .sum()
@@ -307,7 +312,7 @@ def test_each_policy_update_climbs_the_critics_mean_q_less_alpha_log_pi_with_the
         actions, log_probs = plain_policy(actor, entry["obs"], entry["noise"])
         q = [
             (
-                torch.softmax(plain_critic_logits(entry["qnet"], i, entry["obs"], actions), -1)
+                torch.softmax(plain_critic_logits(entry["qnet"], i, entry["critic_obs"], actions), -1)
                 * torch.as_tensor(SUPPORT)
             ).sum(-1)
             for i in (0, 1)
@@ -356,7 +361,7 @@ def test_sampled_windows_are_stored_n_step_transitions(probed):
             ]
             assert matches, f"update {entry['critic_updates']}, row {i}"
             torch.testing.assert_close(
-                entry["obs"][i], normalise(entry["obs_normalizer"], final["obs"][env, matches[0]])
+                entry["critic_obs"][i], normalise(entry["obs_normalizer"], final["obs"][env, matches[0]])
             )
 
 
@@ -479,3 +484,14 @@ def test_the_task_gives_the_critics_support_unless_it_is_given():
         args = fast_sac.Args(simulator=simulator, env_id=env_id, **small)
         fast_sac.validate(args)
         assert (args.v_min, args.v_max) == pytest.approx(expected), env_id
+
+
+def test_actions_of_a_task_without_bounds_are_the_policys_own():
+    """mjlab's tasks have no action bounds (joint offsets): the policy's [-1, 1] goes to the task as it is; finite
+    bounds keep their mapping."""
+    from types import SimpleNamespace
+
+    envs = SimpleNamespace(action_low=torch.tensor([-np.inf, -2.0]), action_high=torch.tensor([np.inf, 3.0]))
+    low, high = fast_sac.action_bounds(envs)
+    actions = torch.tensor([[0.5, 1.0], [-1.0, -1.0]])
+    assert torch.equal(fast_sac.to_env_actions(actions, low, high), torch.tensor([[0.5, 3.0], [-1.0, -2.0]]))

@@ -116,10 +116,19 @@ def test_each_policy_update_acts_on_its_observations_and_is_judged_on_the_critic
     trace, _ = probed
     actors = [entry for entry in trace.backward if entry["where"] == "update_actor"]
     by_update = {entry["critic_updates"]: entry for entry in critic_entries(trace)}
+    just_before = {entry["critic_updates"] + 1: entry for entry in critic_entries(trace)}
+    rb = trace.final["rb"]
     assert len(actors) == STEPS - 5
     for entry in actors:
         where = f"policy update after critic update {entry['critic_updates']}"
         assert entry["obs"].shape == (16, OBS_DIM) and entry["critic_obs"].shape == (16, CRITIC_DIM)
+        # the batch of the critic update just before it: its critic observations, and the stored rows' own observations
+        batch = just_before[entry["critic_updates"]]
+        assert torch.equal(entry["critic_obs"], batch["critic_obs"]), where
+        for i in range(16):
+            env = i // 4
+            (start,) = [t for t in range(STEPS) if torch.equal(rb["actions"][env, t], batch["actions"][i])]
+            torch.testing.assert_close(entry["obs"][i], normalise(entry["obs_normalizer"], rb["obs"][env, start]))
         actor = leaves(entry["actor"])
         actions = plain_actor(actor, entry["obs"])
         q = [

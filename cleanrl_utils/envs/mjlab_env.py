@@ -1,8 +1,7 @@
 """mjlab's tasks (Isaac Lab's task API on MuJoCo Warp: Unitree Go1 and G1 velocity tracking, Cartpole ...) behind
 the batched interface of MuJoCoWarpVecEnv: torch tensors on the device, SAME_STEP resets with the true final
-observations in info; for `--simulator mjlab` of cleanrl/ppo_isaacgym.py and fast_td3_isaacgym.py. mjlab pins
-mujoco and mujoco-warp ~=3.11, so it runs in its own uv project: `uv run --project projects/mjlab python
-cleanrl/ppo_isaacgym.py --simulator mjlab`.
+observations in info; for `--simulator mjlab` of cleanrl/ppo_isaacgym.py. mjlab pins mujoco and mujoco-warp ~=3.11,
+so it runs in its own uv project: `uv run --project projects/mjlab python cleanrl/ppo_isaacgym.py --simulator mjlab`.
 
     envs = MjlabVecEnv("Mjlab-Velocity-Flat-Unitree-Go1", num_envs=4096, device=torch.device("cuda"), seed=1)
     obs = envs.reset()          # the policy's observations (rsl_rl's "actor" groups), [num_envs, obs_dim]
