@@ -279,6 +279,10 @@ def check_amp(results: Path) -> None:
     assert "--amp" in (results / "amp_gpu_logs" / "ppo_atari__amp.log").read_text().splitlines()[0]
 
 
+def check_simbav2(results: Path) -> None:
+    check_logs(results, ("simbav2_continuous_action_simbav2", "sac_continuous_action_simbav2"))
+
+
 RUN_ALL_ITEMS = {
     "ppo_isaacgym": check_ppo_isaacgym,
     "compile_table": check_compile_table,
@@ -290,6 +294,7 @@ RUN_ALL_ITEMS = {
     "fast_td3": check_fast_td3,
     "fast_sac": check_fast_sac,
     "amp": check_amp,
+    "simbav2": check_simbav2,
 }
 
 

@@ -71,7 +71,7 @@ GROUPS = [
     Group(
         "headline",
         ["gymnasium[mujoco]", "tyro", "mujoco", "mujoco-warp", "warp-lang"],
-        ["ppo_isaacgym", "compile_table", "elegant", "fast_td3", "fast_sac"],
+        ["ppo_isaacgym", "compile_table", "elegant", "fast_td3", "fast_sac", "simbav2"],
         prune={
             "warp/bin/warp-clang.so": "compiles Warp's CPU kernels only (27 MB zipped); GPU kernels go through NVRTC",
             "warp/tests": "Warp's test suite",

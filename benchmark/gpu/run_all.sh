@@ -21,6 +21,8 @@
 #                       the fast_td3 item's runs of the same lease (same card)
 #   amp            240  ppo_atari, ppo_atari_envpool, dqn_atari, ppo_procgen, ppg_procgen without and with --amp (bf16
 #                       autocast): short fixed step budgets, each run capped at 20-30 s (AMP_SECONDS: one cap for all)
+#   simbav2        260  simbav2_continuous_action and sac_continuous_action on Hopper-v5, 120 s each (SIMBAV2_SECONDS):
+#                       the SPS that sizes SimbaV2's 300k-step benchmark, which the CPUs cannot run
 # An item that would end past DEADLINE (570 s after the start) is skipped and says so; one that fails is reported
 # and the next one runs. ONLY="mappo pixels" runs just the items named (to rerun one that failed; the tests run each
 # tiny item as a test of its own). The summary (also $RESULTS/gpu_run_all.md) lists each item's status and time.
@@ -32,7 +34,7 @@ case "${1:-}" in
 "") ;;
 *) echo "error: run_all.sh takes no argument but --tiny, got $1" >&2 && exit 2 ;;
 esac
-items="ppo_isaacgym compile_table mappo stock_trading elegant pixels impala fast_td3 fast_sac amp"
+items="ppo_isaacgym compile_table mappo stock_trading elegant pixels impala fast_td3 fast_sac amp simbav2"
 for name in ${ONLY:-}; do
     [[ " $items " == *" $name "* ]] || { echo "error: ONLY names $name; the items are: $items" >&2 && exit 2; }
 done
@@ -74,6 +76,7 @@ if ((tiny)); then
     item fast_td3 0 bash benchmark/fast_td3_gpu.sh
     item fast_sac 0 bash benchmark/fast_sac_gpu.sh
     item amp 0 "$PYTHON" benchmark/gpu/amp_table.py --tiny
+    item simbav2 0 bash benchmark/simbav2_gpu.sh
 else
     $PYTHON -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())" ||
         exit 1
@@ -90,6 +93,7 @@ else
     item fast_td3 360 env SECONDS_PER_RUN="${FAST_TD3_SECONDS:-75}" bash benchmark/fast_td3_gpu.sh
     item fast_sac 180 env SECONDS_PER_RUN="${FAST_SAC_SECONDS:-75}" bash benchmark/fast_sac_gpu.sh
     item amp 240 "$PYTHON" benchmark/gpu/amp_table.py ${AMP_SECONDS:+--seconds "$AMP_SECONDS"}
+    item simbav2 260 env SECONDS_PER_RUN="${SIMBAV2_SECONDS:-120}" bash benchmark/simbav2_gpu.sh
 fi
 
 {
