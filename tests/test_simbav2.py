@@ -9,6 +9,7 @@ SIGKILL + exact resume, bad input."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import continuous_reference as plain
@@ -227,14 +228,16 @@ GAMMA, TAU, LEARNING_STARTS, UTD, TARGET_ENTROPY, G_MAX = 0.9, 0.1, 88, 2, -1.0,
 C_SHIFT, CRITIC_BLOCKS, ACTOR_BLOCKS, HIDDEN = 3.0, 2, 1, 8
 
 
-@pytest.fixture(scope="module")
-def probed(tmp_path_factory):
+@pytest.fixture(scope="module", params=["two_critics", "one_critic"])
+def probed(request, tmp_path_factory):
+    """The probed run with the authors' two critics (the target from the one of smaller mean), and with one
+    (--no-use-cdq: the authors' num_qs 1)."""
     from probe import probe_script
 
     cwd = tmp_path_factory.mktemp("probe")
     trace = probe_script(
         SCRIPT,
-        PROBE_FLAGS,
+        PROBE_FLAGS + ([] if request.param == "two_critics" else ["--no-use-cdq"]),
         cwd,
         watch=PROBE_STEP_NAMES,
         at_backward=PROBE_AT_BACKWARD,
@@ -243,6 +246,11 @@ def probed(tmp_path_factory):
         preload=["probe_box_envs"],
     )
     return trace, cwd
+
+
+def critics_in(state: dict) -> int:
+    """How many critics a state dict of Critics holds (its weights are stacked [critics, in, out])."""
+    return state["head.w2.weight"].shape[0]
 
 
 def steps_of(trace) -> list[dict]:
@@ -298,6 +306,8 @@ def test_the_loop_stores_each_step_raw_with_unit_actions_and_the_true_next_obser
     assert all(np.abs(step["actions"]).max() <= 1 for step in steps)  # the policy's [-1, 1], not the env's bounds
     (run_dir,) = run_dirs(cwd)
     assert_finite_keys(read_scalars(run_dir), LOSS_KEYS)
+    use_cdq = json.loads((run_dir / "args.json").read_text())["use_cdq"]
+    assert critics_in(trace.final["qf"]) == (2 if use_cdq else 1)
 
 
 def test_the_observation_and_reward_statistics_follow_every_step(probed, statistics):
@@ -334,7 +344,7 @@ def test_each_policy_and_temperature_step_follows_the_minimum_critic_with_the_cr
                     plain_critic_log_probs(entry["qf"], i, batch["obs"], actions, C_SHIFT, CRITIC_BLOCKS, HIDDEN).exp()
                     * bins
                 ).sum(-1)
-                for i in range(2)
+                for i in range(critics_in(entry["qf"]))
             ]
         ).amin(0)
         temperature = params["log_temperature"].detach().exp()
@@ -372,7 +382,7 @@ def test_each_critic_step_minimises_the_cross_entropy_to_the_projected_target_of
                 plain_critic_log_probs(
                     entry["qf_target"], i, batch["next_obs"], next_actions, C_SHIFT, CRITIC_BLOCKS, HIDDEN
                 )
-                for i in range(2)
+                for i in range(critics_in(entry["qf"]))
             ]
             means = torch.stack([(lp.exp() * bins).sum(-1) for lp in next_log_probs])
             chosen = torch.stack([next_log_probs[int(means[:, j].argmin())][j].exp() for j in range(16)])
@@ -386,7 +396,7 @@ def test_each_critic_step_minimises_the_cross_entropy_to_the_projected_target_of
             -(target * plain_critic_log_probs(qf, i, batch["obs"], batch["actions"], C_SHIFT, CRITIC_BLOCKS, HIDDEN))
             .sum(-1)
             .mean()
-            for i in range(2)
+            for i in range(critics_in(entry["qf"]))
         )
         assert_gradients_match(entry["grads"]["qf"], gradients(loss, qf), where)
         assert entry["loss"].item() == pytest.approx(loss.item(), rel=1e-5), where
