@@ -11,8 +11,9 @@
 #   SMOKE=1 bash benchmark/ppo_isaacgym_mjlab.sh sps cartpole go1 table   # the same commands, tiny, into /tmp
 #
 # sps: MjlabVecEnv's raw steps/s (uniform random actions in [-1, 1], 20 steps after 3 warm-up steps) and the training
-# SPS the script logs over 4 iterations, Cartpole balance and Go1 at two sizes each, into
-# benchmark/results/ppo_isaacgym_mjlab_sps.md. cartpole: 256 envs x 32 steps (mjlab's rollout length for Cartpole),
+# SPS the script logs over 4 iterations, Cartpole balance and Go1 at two sizes each, beside envpool 1.2.7's C++ ports of
+# the same tasks (Python >= 3.12 only: a throwaway environment in /tmp, one envpool thread) and its port of MuJoCo
+# Playground's Go1 joystick task, into benchmark/results/ppo_isaacgym_mjlab_sps.md. cartpole: 256 envs x 32 steps (mjlab's rollout length for Cartpole),
 # the script's other defaults. mjlab scales rewards by the step's dt (0.05 s), so a 1000-step episode returns at most
 # 50 (dm_control's 1000 x 0.05); solved: 40 (dm_control's 800 of 1000, x 0.05) for both. go1: 256 envs x 24 steps
 # for an hour: whether its tracking reward (mjlab/Episode_Reward/track_linear_velocity) rises at this budget. The first
@@ -44,8 +45,34 @@ cartpole+=" --total-timesteps $cartpole_steps --checkpoint-every 606208 --no-cud
 go1="$PY cleanrl/ppo_isaacgym.py --simulator mjlab --num-envs $go1_envs --num-steps 24 --total-timesteps 1000000000"
 go1+=" --time-limit-seconds $go1_seconds --checkpoint-every 24576 --no-cuda"
 
+envpool_raw() {  # envpool_raw PYTHON TASK ENVS: envpool's raw steps/s, as MjlabVecEnv's is measured below
+    "$1" - "$2" "$3" <<'PY' 2>/dev/null | tail -1
+import sys, time, numpy as np, envpool
+task, n = sys.argv[1], int(sys.argv[2])
+env = envpool.make_gymnasium(task, num_envs=n, num_threads=1, seed=1)
+env.reset()
+actions = lambda: np.random.uniform(-1, 1, (n,) + env.action_space.shape).astype(np.float32)
+for _ in range(3):
+    env.step(actions())
+start = time.time()
+for _ in range(20):
+    env.step(actions())
+print(round(20 * n / (time.time() - start)))
+PY
+}
+
 sps() {
-    local out="$OUT/ppo_isaacgym_mjlab_sps.md" spec task envs raw training dir
+    local out="$OUT/ppo_isaacgym_mjlab_sps.md" spec task envs raw training dir ported
+    # envpool 1.2.7 (its mjlab and Playground ports) installs on Python >= 3.12 only: a throwaway environment
+    local envpool_python=/tmp/cleanrl_envpool_1.2.7/bin/python
+    if [ ! -x "$envpool_python" ]; then  # a Python 3.12 that runs: on PATH, else pyenv's (its shim may point elsewhere)
+        local py312=""
+        for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3; do
+            "$candidate" -c pass 2>/dev/null && py312=$candidate && break
+        done
+        [ -n "$py312" ] && uv venv -q --python "$py312" /tmp/cleanrl_envpool_1.2.7 &&
+            uv pip install -q --python "$envpool_python" envpool==1.2.7 || envpool_python=""
+    fi
     {
         echo "# ppo_isaacgym.py --simulator mjlab: steps/s on this machine's CPU"
         echo
@@ -53,10 +80,10 @@ sps() {
         echo "($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), one torch thread, load average"
         echo "$(cut -d' ' -f1 /proc/loadavg) at the start (other jobs may share the cores). Raw: MjlabVecEnv stepping"
         echo "uniform random actions (20 steps after 3 warm-up steps); training: the SPS ppo_isaacgym.py logs over 4"
-        echo "iterations of 16 steps."
+        echo "iterations of 16 steps; envpool 1.2.7: its C++ port of the task (Python 3.12, one thread), stepped alike."
         echo
-        echo "| task | envs | raw simulator steps/s | training SPS |"
-        echo "|---|---|---|---|"
+        echo "| task | envs | raw simulator steps/s | training SPS | envpool 1.2.7's port, raw steps/s |"
+        echo "|---|---|---|---|---|"
     } > "$out"
     for spec in $sps_sizes; do
         task=${spec%%:*} envs=${spec##*:}
@@ -86,9 +113,15 @@ acc = EventAccumulator(glob.glob(sys.argv[1] + "/runs/*")[0]); acc.Reload()
 print(round(acc.Scalars("charts/SPS")[-1].value))
 PY
         )
-        echo "| $task | $envs | $raw | $training |" | tee -a "$out"
+        ported=$([ -n "$envpool_python" ] && envpool_raw "$envpool_python" "$task" "$envs" || echo "-")
+        echo "| $task | $envs | $raw | $training | $ported |" | tee -a "$out"
         rm -rf "$dir"
     done
+    # MuJoCo Playground's Go1 joystick task (its own model, rewards and commands: another task), envpool only
+    if [ -n "$envpool_python" ] && [ "${SMOKE:-0}" != 1 ]; then
+        ported=$(envpool_raw "$envpool_python" Go1JoystickFlatTerrain-v1 256)
+        echo "| Go1JoystickFlatTerrain-v1 (MuJoCo Playground's) | 256 | - | - | $ported |" | tee -a "$out"
+    fi
 }
 
 campaign_runs() {  # campaign_runs ENV_PREFIX ARG VALUE: the ppo_isaacgym runs in runs/ of those tasks with ARG = VALUE
