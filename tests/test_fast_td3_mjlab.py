@@ -1,8 +1,8 @@
 """cleanrl/fast_td3_isaacgym.py with --simulator mjlab: the asymmetric critics' wiring (the replay buffer keeps mjlab's
 critic observations beside the policy's, the true final ones at episode ends; the critics learn and judge on them,
 normalised by statistics of their own, while the policy acts on its own), every critic and policy gradient against a
-float64 reference, mjlab's episode logs, the saved model's evaluation and bad input. mjlab lives in the uv project
-projects/mjlab, so these tests run there (.ci/run does):
+float64 reference, mjlab's episode logs, the saved model's evaluation, bad input and SIGKILL / --resume. mjlab lives in
+the uv project projects/mjlab, so these tests run there (.ci/run does):
 
     uv run --project projects/mjlab pytest -q -p no:cacheprovider tests/test_fast_td3_mjlab.py
 
@@ -170,3 +170,29 @@ def test_bad_mjlab_tasks_exit_before_any_work(workdir):
 def test_without_mjlab_names_the_command(workdir):
     bad = run_script(SCRIPT, "--simulator", "mjlab", "--env-id", "Mjlab-Cartpole-Balance", cwd=workdir)
     assert_bad_input(bad, workdir, "uv run --project projects/mjlab python cleanrl/fast_td3_isaacgym.py --simulator")
+
+
+@needs_mjlab
+def test_sigkill_then_resume_says_so_and_continues_all_but_the_episodes(tmp_path):
+    """mjlab's state cannot be saved: a resumed run says so once, starts fresh episodes and continues everything else
+    (the steps and updates, the replay buffer with its critic observations, both observation statistics), in the same
+    run directory. Mjlab-Cartpole-Balance itself: 4 envs x 24 steps, a checkpoint every 12 steps."""
+    from conftest import kill_at_first_checkpoint, run_dirs
+
+    flags = [*FLAGS[:3], "Mjlab-Cartpole-Balance", *FLAGS[4:], "--checkpoint-every", "48"]
+    run_dir = kill_at_first_checkpoint(SCRIPT, flags, tmp_path)
+    killed = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert killed["envs"] is None and killed["global_step"] == 48
+    resumed = run_script(SCRIPT, *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    line = "the simulator's state is not in the checkpoint: resuming with freshly reset environments"
+    assert resumed.stdout.count(line) == 1, resumed.stdout
+    assert run_dirs(tmp_path) == [run_dir]
+    final = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert final["global_step"] == 96 and final["critic_updates"] == killed["critic_updates"] + 2 * 12
+    rb, saved = final["replay_buffer"], killed["replay_buffer"]
+    assert rb["size"] == STEPS and rb["critic_obs"].shape == (NUM_ENVS, STEPS, CRITIC_DIM - 2)  # Cartpole's own 5
+    for name in ("obs", "critic_obs", "next_critic_obs", "actions"):  # the columns before the kill, kept
+        assert torch.equal(rb[name][:, :12], saved[name]), name
+    for key in ("obs_normalizer", "critic_obs_normalizer"):  # every observation acted on after the resume joins
+        assert final[key]["count"].item() == killed[key]["count"].item() + NUM_ENVS * 12, key

@@ -1,7 +1,7 @@
 """cleanrl/ppo_isaacgym.py with --simulator mjlab: the asymmetric actor-critic's wiring (the value network on mjlab's
-critic observations, truncations bootstrapped from the critic's final observations), mjlab's episode logs and bad
-input (SIGKILL / --resume: not yet tested here). mjlab lives in the uv project projects/mjlab, so these tests run
-there (.ci/run does):
+critic observations, truncations bootstrapped from the critic's final observations), mjlab's episode logs, bad input,
+and SIGKILL / --resume (fresh episodes, said once; everything else continues). mjlab lives in the uv project
+projects/mjlab, so these tests run there (.ci/run does):
 
     uv run --project projects/mjlab pytest -q -p no:cacheprovider tests/test_ppo_isaacgym_mjlab.py
 
@@ -127,3 +127,31 @@ def test_bad_mjlab_tasks_exit_before_any_work(workdir):
 def test_without_mjlab_names_the_command(workdir):
     bad = run_script(SCRIPT, "--simulator", "mjlab", "--env-id", "Mjlab-Cartpole-Balance", cwd=workdir)
     assert_bad_input(bad, workdir, "uv run --project projects/mjlab python cleanrl/ppo_isaacgym.py --simulator mjlab")
+
+
+@needs_mjlab
+def test_sigkill_then_resume_says_so_and_continues_all_but_the_episodes(tmp_path):
+    """mjlab's state cannot be saved: a resumed run says so once, starts fresh episodes and continues everything else
+    (the steps, the optimiser, both observation statistics), in the same run directory. Mjlab-Cartpole-Balance
+    itself: 4 envs x 8 steps x 4 iterations, a checkpoint after each."""
+    from conftest import kill_at_first_checkpoint, run_dirs
+
+    flags = ["--simulator", "mjlab", "--env-id", "Mjlab-Cartpole-Balance", "--num-envs", "4", "--num-steps", "8"]
+    flags += ["--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "128", "--checkpoint-every", "32"]
+    flags += ["--no-cuda"]
+    run_dir = kill_at_first_checkpoint(SCRIPT, flags, tmp_path)
+    killed = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert killed["envs"] is None and killed["global_step"] < 128
+    resumed = run_script(SCRIPT, *flags, "--resume", str(run_dir / "checkpoint.pt"), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    line = "mjlab's state is not in the checkpoint: resuming with freshly reset environments"
+    assert resumed.stdout.count(line) == 1, resumed.stdout
+    assert run_dirs(tmp_path) == [run_dir]
+    final = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    remaining = 128 - killed["global_step"]
+    assert final["global_step"] == 128 and final["iteration"] == 4
+    steps = [state["step"].item() for state in final["optimizer"]["state"].values()]
+    killed_steps = [state["step"].item() for state in killed["optimizer"]["state"].values()]
+    assert steps == [k + remaining // 32 * 2 for k in killed_steps]  # 2 minibatch steps per iteration
+    for key in ("obs_rms", "critic_rms"):  # the fresh episodes' first observations, then every step's
+        assert final[key]["count"].item() == pytest.approx(killed[key]["count"].item() + 4 + remaining), key
