@@ -15,8 +15,10 @@ import contextlib
 import functools
 import itertools
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -72,13 +74,16 @@ class Browser:
 
     def __init__(self, width: int = 1280, height: int = 800):
         self.resources = contextlib.ExitStack()
-        self.profile = self.resources.enter_context(tempfile.TemporaryDirectory())
+        # Chromium's helper processes can still be writing the profile while it is removed (CI at 700bd08: "Directory
+        # not empty: 'Default'" at close): the whole process group is stopped first, and what is left is not an error.
+        self.profile = self.resources.enter_context(tempfile.TemporaryDirectory(ignore_cleanup_errors=True))
         flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars"]
         self.process = subprocess.Popen(
             [chromium_path(), *flags, "--remote-debugging-port=0", f"--user-data-dir={self.profile}"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # its own process group: close() stops the helpers with it
         )
         port = None
         for line in self.process.stderr:  # "DevTools listening on ws://127.0.0.1:PORT/devtools/browser/ID"
@@ -130,8 +135,11 @@ class Browser:
         path.write_bytes(base64.b64decode(data))
 
     def close(self) -> None:
-        self.process.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
         self.process.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # helpers that outlived it
         self.resources.close()
 
 
