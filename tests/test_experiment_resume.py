@@ -50,6 +50,15 @@ def seed_runs(runs: Path, seed: int) -> list[Path]:
     return sorted(runs.glob(f"CartPole-v1__ppo__{seed}__*"))
 
 
+def args_written(run_dir: Path) -> bool:
+    """Whether the run's args.json is there and whole (it is written in place: a kill the moment it appears can leave
+    it empty, and the runner then cannot tell whose run it was; CI at 700bd08 caught that moment)."""
+    try:
+        return isinstance(json.loads((run_dir / "args.json").read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
 def test_a_killed_benchmark_started_again_skips_finished_runs_and_continues_the_others(tmp_path):
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'cleanrl' / 'ppo.py'))} {TINY_PPO}"
     argv = [sys.executable, "-m", "cleanrl_utils.benchmark", "--env-ids", "CartPole-v1", "--command", command]
@@ -63,7 +72,7 @@ def test_a_killed_benchmark_started_again_skips_finished_runs_and_continues_the_
         first,
         lambda: (
             any((d / "finished.json").exists() for d in seed_runs(runs, 1))
-            and any((d / "args.json").exists() for d in seed_runs(runs, 2))
+            and any(args_written(d) for d in seed_runs(runs, 2))
         ),
         "seed 2's run",
     )
