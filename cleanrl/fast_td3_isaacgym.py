@@ -8,28 +8,20 @@ projected distribution of the critic whose mean is lower), n-step returns, a dev
 redrawn when its episode ends, running observation normalisation, AdamW, two critic updates and one policy update per
 step, no target policy (target actions are the policy's own plus clipped noise), `--amp` (bf16) and `--compile`.
 
-Action space: a one-dimensional Box (the policy acts in [-1, 1], mapped onto the bounds). `--simulator`: MuJoCo Warp
-(Ant, Humanoid, Hopper, HalfCheetah, Walker2d; default unless Isaac Gym is importable), Isaac Gym, envpool's C++ MuJoCo
-tasks (the same names onto its v5 ids, Ant -> Ant-v5; the fastest on a CPU), gymnasium's CPU vector envs (those
-names onto v5 ids too, or any gymnasium id), or mjlab's robot tasks (its own uv project, projects/mjlab; the critics
-on the task's privileged "critic" observations, the policy on its "actor" ones, as the authors train Isaac Lab's)
-(cleanrl_utils/envs/). Checkpoints hold the replay buffer and the simulator's state (not Isaac Gym's, envpool's nor
-mjlab's: a resumed run on those says so and starts fresh episodes).
+Action space: a one-dimensional Box (the policy's [-1, 1] mapped onto the bounds). `--simulator` (cleanrl_utils/envs/):
+MuJoCo Warp (Ant, Humanoid, Hopper, HalfCheetah, Walker2d; default unless Isaac Gym is importable), Isaac Gym,
+envpool's C++ MuJoCo or gymnasium (the same names onto v5 ids, Ant -> Ant-v5), or mjlab's robots (projects/mjlab; the
+critics on the task's privileged "critic" observations, as the authors train Isaac Lab's). Checkpoints hold the
+replay buffer and the simulator's state (Isaac Gym, envpool and mjlab: fresh episodes on resume, said so).
 
     uv run python cleanrl/fast_td3_isaacgym.py --env-id Humanoid
     uv run python cleanrl/fast_td3_isaacgym.py --simulator envpool --env-id Ant --num-envs 16 \\
         --batch-size 4096 --buffer-size 20000 --learning-starts 5000
-    uv run --project projects/mjlab python cleanrl/fast_td3_isaacgym.py --simulator mjlab \\
-        --env-id Mjlab-Velocity-Flat-Unitree-G1 --num-envs 4096 --n-steps 8 --num-updates 4 --num-atoms 251
 
-The critics' support fits the task (--v-min/--v-max default to its per-step reward range over 1 - gamma, as the
-authors size theirs per suite; on mjlab, whose rewards are scaled by the step's duration, their Isaac Lab preset),
-and the log line reports n-step targets beyond it, which the projection clamps. Unlike
-the authors' code: while the buffer fills, a window may start at any stored step, cut at the newest (theirs start
-n - 1 steps before it at the latest); only the observations acted on update the running statistics, merged with the
-exact parallel-variance formula (theirs measures the batch's mean shift after moving the mean); Isaac Gym's step
-after an episode's end (it acted on the final observation and landed after the reset) is stored but kept out of the
-critics' loss.
+The critics' support is the task's per-step reward range over 1 - gamma (mjlab: the authors' Isaac Lab preset), and
+the log line reports n-step targets beyond it. Unlike the authors' code: while the buffer fills, a window may start at
+any stored step, cut at the newest; only the observations acted on update the running statistics (the exact
+parallel-variance merge); Isaac Gym's step after an episode's end is stored but kept out of the critics' loss.
 """
 
 import importlib.util
